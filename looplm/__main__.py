@@ -1,0 +1,5 @@
+import sys
+
+from looplm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,337 @@
+"""Typed run configuration: dataclasses, presets, YAML files and ``key=value`` overrides.
+
+Settings are merged in one order only: dataclass defaults → preset → YAML file → ``key=value``
+overrides (dotted, e.g. ``model.d_model=64`` or ``train.steps=200``). Every value is validated when
+the config is built; an unknown key or a bad value raises :class:`LoopLMError` naming the key, the
+value and what is allowed. The resolved config is written into each run folder (``config.yaml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from looplm.errors import LoopLMError
+
+GPT2_VOCAB = 50257
+BYTE_VOCAB = 257  # 256 byte values + end-of-text (id 256)
+
+# name -> (d_model, n_heads, d_ff). Context 128 and GPT-2 vocabulary unless stated.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(d_model=128, n_heads=4, d_ff=512, vocab_size=BYTE_VOCAB, tokenizer="bytes"),
+    "22m": dict(d_model=384, n_heads=6, d_ff=1536),
+    "50m": dict(d_model=768, n_heads=12, d_ff=3072),
+    "95.6m": dict(d_model=1280, n_heads=20, d_ff=5120),
+    "136.5m": dict(d_model=1664, n_heads=26, d_ff=6656),
+}
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the model and the recurrence it runs.
+
+    ``recurrence`` names a registered method (``looplm.recurrence_names()``); ``recurrence_args``
+    holds that method's own settings, validated against its ``Config`` dataclass.
+    """
+
+    preset: str = "tiny"
+    recurrence: str = "scse"
+    recurrence_args: dict[str, Any] = field(default_factory=dict)
+    vocab_size: int = GPT2_VOCAB
+    tokenizer: str = "gpt2"
+    d_model: int = 384
+    n_heads: int = 6
+    d_ff: int = 1536
+    context: int = 128
+    dropout: float = 0.1
+    n_layers: int = 8  # unshared models only: number of distinct layers
+    norm_eps: float = 1e-6
+
+    def validate(self) -> None:
+        _positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "context", "n_layers")
+        if self.d_model % self.n_heads:
+            raise LoopLMError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise LoopLMError(f"model.dropout={self.dropout} must be in [0, 1)")
+        if self.tokenizer not in ("gpt2", "bytes"):
+            raise LoopLMError(f"model.tokenizer={self.tokenizer!r}; allowed: gpt2, bytes")
+
+
+@dataclass
+class DataConfig:
+    """What to train and evaluate on: a synthetic task or a text corpus."""
+
+    dataset: str = "bool_logic"  # a synthetic task name or a corpus name (wikitext-2, ...)
+    data_dir: str | None = None  # folder holding local corpora (e.g. ../shared/data)
+    cache_dir: str | None = None  # token cache folder (default ~/.cache/looplm)
+    train_split: str = "train"
+    eval_split: str = "valid"
+    # synthetic tasks: difficulty range for training and for evaluation
+    train_difficulty: list[int] = field(default_factory=lambda: [1, 3])
+    eval_difficulty: list[int] = field(default_factory=lambda: [1, 3])
+    task_args: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        for name in ("train_difficulty", "eval_difficulty"):
+            v = getattr(self, name)
+            if len(v) != 2 or v[0] < 1 or v[1] < v[0]:
+                raise LoopLMError(f"data.{name}={v} must be [lo, hi] with 1 <= lo <= hi")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings (paper defaults for the 22M recipe)."""
+
+    steps: int = 1200
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup: int = 500
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    clip: float = 1.0
+    depth_min: int = 1
+    depth_max: int = 8
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    autocast: str = "auto"  # auto (bf16 on GPU) | bf16 | off
+    compile: bool = False
+    objective: str = "final"  # final (silent thinking) | per_step (intermediate supervision)
+    truncate_k: int = 0  # >0: backprop only through the last k loops
+    checkpoint_loops: bool = False  # activation checkpointing per loop step
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 8
+    ckpt_every: int = 0  # 0: only at the end
+    nonfinite: str = "skip"  # skip | stop
+    tensorboard: bool = False
+
+    def validate(self) -> None:
+        _positive(self, "steps", "batch_size", "grad_accum", "depth_min", "depth_max", "log_every")
+        if self.depth_max < self.depth_min:
+            raise LoopLMError(
+                f"train.depth_max={self.depth_max} < train.depth_min={self.depth_min}"
+            )
+        if self.lr <= 0:
+            raise LoopLMError(f"train.lr={self.lr} must be > 0")
+        for key, allowed in (
+            ("device", ("auto", "cpu", "cuda")),
+            ("autocast", ("auto", "bf16", "off")),
+            ("objective", ("final", "per_step")),
+            ("nonfinite", ("skip", "stop")),
+        ):
+            if getattr(self, key) not in allowed:
+                raise LoopLMError(
+                    f"train.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
+                )
+        if self.truncate_k < 0 or self.warmup < 0:
+            raise LoopLMError("train.truncate_k and train.warmup must be >= 0")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation settings."""
+
+    depths: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 24, 32, 48])
+    batch_size: int = 32
+    max_tokens: int | None = None  # cap on evaluated tokens (None: whole split)
+    n_examples: int = 512  # synthetic tasks: examples per difficulty
+
+    def validate(self) -> None:
+        bad = [d for d in self.depths if int(d) < 1]
+        if bad:
+            raise LoopLMError(f"eval.depths={self.depths}: loop depth must be >= 1 (got {bad[0]})")
+        _positive(self, "batch_size", "n_examples")
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs; written to ``<out_dir>/config.yaml``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    out_dir: str = "runs/default"
+    name: str = ""
+
+    def validate(self) -> RunConfig:
+        self.model.validate()
+        self.data.validate()
+        self.train.validate()
+        self.eval.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    section = type(obj).__name__.replace("Config", "").lower()
+    for n in names:
+        v = getattr(obj, n)
+        if not isinstance(v, int) or v < 1:
+            raise LoopLMError(f"{section}.{n}={v!r} must be a positive integer")
+
+
+def model_config(preset: str, recurrence: str = "scse", **overrides: Any) -> ModelConfig:
+    """A validated ModelConfig for ``preset`` with keyword overrides."""
+    if preset not in PRESETS:
+        raise LoopLMError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
+    values: dict[str, Any] = {"preset": preset, "recurrence": recurrence, **PRESETS[preset]}
+    values.update(overrides)
+    cfg = _build(ModelConfig, values, "model")
+    cfg.validate()
+    return cfg
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    """Convert ``value`` to the annotated type ``typ`` or raise naming ``key``."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if typ is Any:
+        return value
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise LoopLMError(f"{key}={value!r} must be a list")
+        return [_coerce(v, args[0], key) for v in value] if args else list(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise LoopLMError(f"{key}={value!r} must be a mapping")
+        return dict(value)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise LoopLMError(f"{key}={value!r} must be true or false")
+    if typ is int:
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        ):
+            raise LoopLMError(f"{key}={value!r} must be an integer")
+        return int(value)
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise LoopLMError(f"{key}={value!r} must be a number")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            return str(value)
+        return value
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise LoopLMError(
+            f"unknown config key {prefix}.{unknown[0]}; allowed: {', '.join(sorted(names))}"
+        )
+    kwargs = {}
+    for k, v in values.items():
+        typ = hints[k]
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(v, dict):
+                raise LoopLMError(f"{prefix}.{k} must be a mapping")
+            kwargs[k] = _build(typ, v, f"{prefix}.{k}".lstrip("."))
+        else:
+            kwargs[k] = _coerce(v, typ, f"{prefix}.{k}".lstrip("."))
+    return cls(**kwargs)
+
+
+def _deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict) and k != "recurrence_args":
+            _deep_update(base[k], v)
+        elif isinstance(v, dict) and isinstance(base.get(k), dict):
+            base[k] = {**base[k], **v}
+        else:
+            base[k] = v
+    return base
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["train.steps=10", "model.recurrence_args.s=0.3"]`` → nested dict (YAML-typed values)."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise LoopLMError(f"override {item!r} must look like key=value (e.g. train.steps=100)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise LoopLMError(f"override {item!r}: cannot parse value ({exc})") from None
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def resolve_config_path(path_or_name: str) -> Path:
+    """A YAML path, or the name of a file in the repository's ``configs/`` folder."""
+    p = Path(path_or_name)
+    if p.is_file():
+        return p
+    for cand in (CONFIG_DIR / path_or_name, CONFIG_DIR / f"{path_or_name}.yaml"):
+        if cand.is_file():
+            return cand
+    known = sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+    raise LoopLMError(
+        f"config {path_or_name!r} not found (a YAML path, or one of: {', '.join(known) or 'none'})"
+    )
+
+
+def config_from_dict(raw: dict[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig from a nested dict (preset expanded first)."""
+    raw = dict(raw)
+    model_raw = dict(raw.get("model") or {})
+    preset = model_raw.get("preset", ModelConfig.preset)
+    if preset not in PRESETS:
+        raise LoopLMError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
+    raw["model"] = {**PRESETS[preset], **model_raw}
+    cfg = _build(RunConfig, raw, "")
+    return cfg.validate()
+
+
+def load_config(path_or_name: str | None, overrides: list[str] | None = None) -> RunConfig:
+    """defaults → preset → YAML → ``key=value`` overrides; validated."""
+    raw: dict[str, Any] = {}
+    if path_or_name:
+        path = resolve_config_path(path_or_name)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise LoopLMError(f"config {path}: not valid YAML ({exc})") from None
+        if not isinstance(loaded, dict):
+            raise LoopLMError(f"config {path}: top level must be a mapping")
+        raw = loaded
+    raw = _deep_update(raw, parse_overrides(overrides or []))
+    return config_from_dict(raw)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML text."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

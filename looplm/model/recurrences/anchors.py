@@ -1,0 +1,56 @@
+"""Learned anchor and initial-state modules shared by SCSE and the adapter controls.
+
+Listing 1: ``anchor = e + anchor_scale · anchor_proj(e)`` and ``H0(e) = e + init_delta_scale ·
+init_delta_proj(e)``, both projections d×d and bias-free, both scales 0.1.
+
+Anchor ablations (paper Table 2) choose ``h*``:
+``learned`` (default, ``e + a(e)``), ``embedding`` (``h* = e``), ``init`` (``h* = H0(e)``, which
+collapses Δ0 to zero) and ``frozen_random`` (same module shape as ``a``, random and never trained).
+Ablations that need no anchor projection do not carry one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from looplm.errors import LoopLMError
+
+ANCHOR_MODES = ("learned", "embedding", "init", "frozen_random")
+
+
+class AnchorInit(nn.Module):
+    """Computes ``h*`` and ``H0(e)`` once per input."""
+
+    def __init__(
+        self,
+        d_model: int,
+        anchor: str = "learned",
+        anchor_scale: float = 0.1,
+        init_delta_scale: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if anchor not in ANCHOR_MODES:
+            raise LoopLMError(f"unknown anchor {anchor!r}; allowed: {', '.join(ANCHOR_MODES)}")
+        self.mode = anchor
+        self.anchor_scale = anchor_scale
+        self.init_delta_scale = init_delta_scale
+        self.init_delta_proj = nn.Linear(d_model, d_model, bias=False)
+        if anchor in ("learned", "frozen_random"):
+            self.anchor_proj = nn.Linear(d_model, d_model, bias=False)
+            if anchor == "frozen_random":
+                self.anchor_proj.weight.requires_grad_(False)
+        else:
+            self.anchor_proj = None
+
+    def initial(self, e: torch.Tensor) -> torch.Tensor:
+        """H0(e) = e + 0.1 · init_delta_proj(e)."""
+        return e + self.init_delta_scale * self.init_delta_proj(e)
+
+    def anchor(self, e: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
+        """h* for the configured ablation."""
+        if self.mode == "embedding":
+            return e
+        if self.mode == "init":
+            return self.initial(e) if h0 is None else h0
+        return e + self.anchor_scale * self.anchor_proj(e)

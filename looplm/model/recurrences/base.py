@@ -1,0 +1,138 @@
+"""The recurrence interface and registry.
+
+A recurrence is one small ``nn.Module`` per method. It owns that method's parameters (anchor
+projections, gains, step embeddings) and defines, in its own state coordinates:
+
+    prepare(e)                 -> LoopContext      once per input (anchor h*, e, …)
+    init_state(ctx)            -> state            state at t = 0
+    step(block, state, ctx, t) -> state            one loop step (calls ``block`` c_body times)
+    to_hidden(state, ctx)      -> h                hidden-state coordinates (for readout, states)
+    from_hidden(h, ctx)        -> state
+
+Adding a method = one file with a subclass decorated by ``@register`` (and its import in
+``recurrences/__init__.py``); ``LoopedLM`` never changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from looplm.errors import LoopLMError
+
+_REGISTRY: dict[str, type[Recurrence]] = {}
+
+
+@dataclass
+class LoopContext:
+    """What a recurrence needs per input: the embedding ``e``, the anchor ``h*`` and extras."""
+
+    e: torch.Tensor  # (B, L, d)
+    anchor: torch.Tensor  # (B, L, d) — h*, fixed through the unroll
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class NoConfig:
+    """A recurrence without settings of its own."""
+
+
+class Recurrence(nn.Module):
+    """Base class; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoConfig
+    body_calls_per_step: ClassVar[int] = 1  # c_body in the FLOP accounting (Eqs. 20–21)
+    equation: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+    zero_forcing_bias: ClassVar[bool] = False  # b_t(e) = 0 exactly by construction
+
+    def __init__(self, d_model: int, cfg: Any) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.cfg = cfg
+        # Evaluation-time multiplier on the injected source term (dose-response diagnostic);
+        # 1.0 is the trained model. Methods without source injection ignore it.
+        self.source_gain = 1.0
+
+    # -- contract -------------------------------------------------------------------------
+    def prepare(self, e: torch.Tensor) -> LoopContext:
+        return LoopContext(e=e, anchor=e)
+
+    def init_state(self, ctx: LoopContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(
+        self, block: nn.Module, state: torch.Tensor, ctx: LoopContext, t: int, *, mask: bool = True
+    ) -> torch.Tensor:
+        """One loop step. ``mask=False`` returns the raw pre-mask map (for b̃_t diagnostics)."""
+        raise NotImplementedError
+
+    def to_hidden(self, state: torch.Tensor, ctx: LoopContext) -> torch.Tensor:
+        return state
+
+    def from_hidden(self, h: torch.Tensor, ctx: LoopContext) -> torch.Tensor:
+        return h
+
+    def no_decay_parameters(self) -> list[nn.Parameter]:
+        """Parameters exempt from weight decay (scalar gains); ≤1-D tensors are exempt anyway."""
+        return []
+
+
+def register(cls: type[Recurrence]) -> type[Recurrence]:
+    """Class decorator adding a recurrence to the registry under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"recurrence {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def recurrence_names() -> list[str]:
+    """Registered recurrence names, plus ``unshared`` (the ordinary N-layer Transformer)."""
+    return sorted(_REGISTRY) + ["unshared"]
+
+
+def get_recurrence_class(name: str) -> type[Recurrence]:
+    if name not in _REGISTRY:
+        raise LoopLMError(f"unknown recurrence {name!r}; allowed: {', '.join(recurrence_names())}")
+    return _REGISTRY[name]
+
+
+def build_config(cls: type[Recurrence], args: dict[str, Any]) -> Any:
+    """Validate ``args`` against the recurrence's ``Config`` dataclass."""
+    names = [f.name for f in dataclasses.fields(cls.Config)]
+    unknown = sorted(set(args) - set(names))
+    if unknown:
+        raise LoopLMError(
+            f"unknown setting {unknown[0]!r} for recurrence {cls.name!r}; "
+            f"allowed: {', '.join(names) or 'none'}"
+        )
+    hints = typing.get_type_hints(cls.Config)
+    kwargs = {}
+    for k, v in args.items():
+        typ = hints[k]
+        if typ is float and isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = float(v)
+        elif typ is int and isinstance(v, float) and v.is_integer():
+            v = int(v)
+        elif typ in (float, int) and not isinstance(v, (int, float)):
+            raise LoopLMError(f"recurrence {cls.name!r}: {k}={v!r} must be a number")
+        kwargs[k] = v
+    cfg = cls.Config(**kwargs)
+    check = getattr(cfg, "validate", None)
+    if check is not None:
+        check()
+    return cfg
+
+
+def build_recurrence(name: str, d_model: int, args: dict[str, Any]) -> Recurrence:
+    """Instantiate the recurrence ``name`` for width ``d_model`` with its settings ``args``."""
+    cls = get_recurrence_class(name)
+    return cls(d_model, build_config(cls, args))

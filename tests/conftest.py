@@ -1,0 +1,41 @@
+"""Shared test helpers: data location, default skipping of slow/gpu tests, fast settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+os.environ.setdefault("LOOPLM_NO_PROGRESS", "1")
+
+
+def data_dir() -> Path:
+    """The shared real-data folder: $LOOPLM_DATA_DIR or <repo>/../shared/data."""
+    return Path(os.environ.get("LOOPLM_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+def require_data(*parts: str) -> Path:
+    """Path to a file or folder under the data folder; skip the test with a reason when absent."""
+    path = data_dir().joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"real data not found at {path} (set LOOPLM_DATA_DIR to the shared data folder)")
+    return path
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_slow = config.getoption("--run-slow")
+    has_gpu = torch.cuda.is_available()
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow test: pass --run-slow"))
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
