@@ -1,7 +1,8 @@
 """`looplm <command>`: the command-line entry point.
 
-Each command lives in ``looplm/commands/<name>.py`` and exposes ``register(subparsers)``. Bad input
-(:class:`looplm.errors.LoopLMError`) becomes one line on stderr and exit status 2, never a traceback.
+Each command lives in ``looplm/commands/<name>.py`` and exposes ``register(subparsers)``.
+Bad input (:class:`looplm.errors.LoopLMError`) becomes one line on stderr and exit status 2,
+never a traceback.
 """
 
 from __future__ import annotations

@@ -162,7 +162,10 @@ class LoopedLM(LanguageModelBase):
     def step(
         self, h: torch.Tensor, context: LoopContext, t: int, *, mask: bool = True
     ) -> torch.Tensor:
-        """h_{t+1} from any hidden state h (hidden coordinates). ``mask=False``: raw pre-mask map."""
+        """h_{t+1} from any hidden state h (hidden coordinates).
+
+        ``mask=False`` gives the raw pre-mask map (for b̃_t diagnostics).
+        """
         rec = self.recurrence
         s = rec.step(self.block, rec.from_hidden(h, context), context, t, mask=mask)
         return rec.to_hidden(s, context)

@@ -2,7 +2,8 @@
 
 Layer i computes ``h_{i+1} = h_i + G_i(h_i)`` with ``h_0 = e``; called with ``loops=T`` it runs the
 first ``min(T, N)`` layers (the paper reports the Transformer-8 reference only from T = 8).
-``.states`` of ``return_states=True`` are the layer outputs; there is no shared block, anchor or step.
+``.states`` of ``return_states=True`` are the layer outputs; there is no shared block, anchor or
+step.
 """
 
 from __future__ import annotations
