@@ -1,0 +1,41 @@
+"""Results layer: store (evaluation identities), aggregation/statistics, scaling fit, report.
+
+Data flow: evaluation code writes :class:`EvalRecord` rows into a :class:`ResultsStore`; the report
+reads the store file (never live models). Nothing here imports torch or the model code.
+
+Heavy pieces are imported lazily: ``from looplm.results import ResultsStore`` is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from looplm.results.store import IDENTITY_FIELDS, EvalRecord, ResultsStore, load_records
+
+__all__ = [
+    "IDENTITY_FIELDS",
+    "EvalRecord",
+    "ResultsStore",
+    "load_records",
+    "NLLAccumulator",
+    "summarize",
+    "paired_deltas",
+    "write_report",
+    "fit_recurrence_scaling",
+]
+
+_LAZY = {
+    "NLLAccumulator": "looplm.results.stats",
+    "summarize": "looplm.results.stats",
+    "paired_deltas": "looplm.results.stats",
+    "write_report": "looplm.results.report",
+    "fit_recurrence_scaling": "looplm.results.scaling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'looplm.results' has no attribute {name!r}")
