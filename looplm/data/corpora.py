@@ -1,0 +1,686 @@
+"""Text corpora as streams of documents: WikiText, OpenWebText, C4, LAMBADA, local files.
+
+``load_documents(name, split, source)`` yields the documents of one split as strings. ``source``
+is a local copy (a file or a folder); without one the corpus is read online through HuggingFace
+``datasets`` (an optional extra, imported only then). The token cache (:mod:`looplm.data.cache`)
+tokenizes each document separately and puts ``<|endoftext|>`` after every document, the way
+GPT-2's training data was built.
+
+What a document is, per source:
+
+- **WikiText** (``wiki.{train,valid,test}.{tokens,raw}``, or ``{train,valid,test}.txt``): one
+  article. A new article starts at a title line `` = Title = `` (one ``=`` on each side) that has
+  a blank line before and after it; that gives the published 600 / 60 / 60 articles of
+  WikiText-2. Lines are kept verbatim, so the articles concatenate back to the file and the
+  GPT-2 tokens of all articles equal those of the whole file (plus one ``<|endoftext|>`` each).
+- **``.txt`` files** (OpenWebText sample, generic text): blocks separated by blank lines. The
+  shared OpenWebText sample has no recoverable document boundaries (its documents contain blank
+  lines themselves), so its "documents" are paragraphs: 2,121 blocks in the 4,242-line sample.
+- **``.jsonl`` / ``.jsonl.gz`` / ``.json.gz`` / ``.json``**: one JSON object per line, field
+  ``text`` (a ``.json`` file may also hold one JSON array of such objects or of strings).
+- **a folder**: every supported file under it, in sorted path order.
+
+Splits are ``train``, ``validation`` (aliases ``valid``, ``val``) and ``test``.
+
+- OpenWebText (paper): documents [0, 200,000) train, the next 4,096 validation, the next 4,096
+  test, in stream order.
+- C4 (paper): the first 100,000 train documents; two disjoint 4,096-document slices of C4's
+  validation split (validation = its first 4,096, test = the next 4,096; the paper's held-out C4
+  slice is "the first 4,096 validation examples"). A local source whose files are not named by
+  split (the shared 1,000-document sample) is one stream: train, validation, test follow each
+  other, like OpenWebText.
+- The counts are parameters (``counts=SplitCounts(...)``) so a small local sample can be split
+  with scaled-down counts.
+- LAMBADA: ``test`` only (the OpenAI-preprocessed test set).
+- Generic local text (``text:<path>`` or a path with a supported suffix): if a folder holds files
+  named by split (``train``, ``valid``/``validation``/``val``, ``test`` as a ``.``/``_``/``-``
+  separated part of the file name) each split reads its files; otherwise the corpus has one split,
+  ``all`` (``train`` is accepted as a name for it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from looplm.errors import LoopLMError
+
+log = logging.getLogger("looplm.data")
+
+CORPORA = (
+    "wikitext-2",
+    "wikitext-2-raw",
+    "wikitext-103",
+    "wikitext-103-raw",
+    "openwebtext",
+    "c4",
+    "lambada",
+)
+SPLITS = ("train", "validation", "test")
+SPLIT_ALIASES = {"valid": "validation", "val": "validation", "dev": "validation"}
+TEXT_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
+_WIKI_SUFFIX = {
+    "wikitext-2": "tokens",
+    "wikitext-103": "tokens",
+    "wikitext-2-raw": "raw",
+    "wikitext-103-raw": "raw",
+}
+_WIKI_FILE_SPLIT = {"train": "train", "validation": "valid", "test": "test"}
+_TITLE = re.compile(r"^ = [^=].* = $")
+_SPLIT_WORDS = {
+    "train": "train",
+    "valid": "validation",
+    "validation": "validation",
+    "val": "validation",
+    "test": "test",
+}
+# Where the online path reads each corpus: (HF dataset id, config).
+HF_DATASETS: dict[str, tuple[str, str | None]] = {
+    "wikitext-2": ("Salesforce/wikitext", "wikitext-2-v1"),
+    "wikitext-2-raw": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
+    "wikitext-103": ("Salesforce/wikitext", "wikitext-103-v1"),
+    "wikitext-103-raw": ("Salesforce/wikitext", "wikitext-103-raw-v1"),
+    "openwebtext": ("Skylion007/openwebtext", None),
+    "c4": ("allenai/c4", "en"),
+    "lambada": ("EleutherAI/lambada_openai", "en"),
+}
+
+
+@dataclass(frozen=True)
+class SplitCounts:
+    """Document counts of a contiguous train / validation / test split."""
+
+    train: int
+    validation: int
+    test: int
+
+    def __post_init__(self) -> None:
+        for name in ("train", "validation", "test"):
+            if int(getattr(self, name)) < 1:
+                raise LoopLMError(f"split count {name}={getattr(self, name)} must be >= 1")
+
+    @classmethod
+    def parse(cls, value: SplitCounts | str | Iterable[int] | None) -> SplitCounts | None:
+        """``SplitCounts``, ``"TRAIN,VALIDATION,TEST"`` or a 3-sequence of ints (None passes)."""
+        if value is None or isinstance(value, SplitCounts):
+            return value
+        parts = value.split(",") if isinstance(value, str) else list(value)
+        try:
+            nums = [int(p) for p in parts]
+        except (TypeError, ValueError):
+            nums = []
+        if len(nums) != 3:
+            raise LoopLMError(f"split counts {value!r}: expected three integers TRAIN,VALID,TEST")
+        return cls(*nums)
+
+
+PAPER_COUNTS = {
+    "openwebtext": SplitCounts(200_000, 4_096, 4_096),
+    "c4": SplitCounts(100_000, 4_096, 4_096),
+}
+
+
+@dataclass
+class ResolvedSplit:
+    """One split of one corpus, resolved to its source; ``documents()`` streams it."""
+
+    name: str  # canonical corpus name, or "text:<absolute path>"
+    split: str  # canonical split name
+    source: dict[str, Any]  # {"kind": "local", "path": ...} or {"kind": "hf", "dataset": ...}
+    files: list[Path]  # local files this split reads (empty for the online path)
+    rule: dict[str, Any]  # how documents are delimited and selected (recorded in cache metadata)
+    documents: Callable[[], Iterator[str]] = field(repr=False)
+    expected_documents: int | None = None
+
+
+# ----------------------------------------------------------------------------- names and splits
+
+
+def canonical_split(split: str) -> str:
+    """``valid``/``val``/``dev`` -> ``validation``; other names are returned unchanged."""
+    return SPLIT_ALIASES.get(split, split)
+
+
+def _split_error(name: str, split: str, allowed: Iterable[str]) -> LoopLMError:
+    return LoopLMError(f"unknown split {split!r} for {name}; allowed: {', '.join(allowed)}")
+
+
+def is_local_text(name: str) -> bool:
+    """True when ``name`` names a local text corpus rather than a known corpus."""
+    if name.startswith("text:"):
+        return True
+    if name in CORPORA:
+        return False
+    return name.lower().endswith(TEXT_SUFFIXES) or os.path.sep in name or os.path.exists(name)
+
+
+def check_corpus_name(name: str) -> None:
+    """Raise LoopLMError unless ``name`` is a known corpus or a local text path."""
+    if name not in CORPORA and not is_local_text(name):
+        raise LoopLMError(
+            f"unknown corpus {name!r}; allowed: {', '.join(CORPORA)}, text:<path>, "
+            f"or a path to a {'/'.join(TEXT_SUFFIXES)} file or a folder of them"
+        )
+
+
+def _existing(path: str | os.PathLike, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise LoopLMError(f"{what} {str(p)!r} does not exist")
+    return p.resolve()
+
+
+# ----------------------------------------------------------------------------- file readers
+
+
+def _suffix(path: Path) -> str | None:
+    low = path.name.lower()
+    for suf in sorted(TEXT_SUFFIXES, key=len, reverse=True):
+        if low.endswith(suf):
+            return suf
+    return None
+
+
+def _open_text(path: Path):
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _guard(path: Path, lines: Iterator[str]) -> Iterator[str]:
+    """Re-raise read/decode errors of ``path`` as one-line LoopLMErrors."""
+    try:
+        yield from lines
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        raise LoopLMError(f"could not read {str(path)!r}: {msg}") from None
+
+
+def _check_nonempty(path: Path) -> None:
+    if path.stat().st_size == 0:
+        raise LoopLMError(f"empty file {str(path)!r}: it holds no documents")
+
+
+def _blank_line_blocks(path: Path) -> Iterator[str]:
+    """Blocks of non-blank lines (joined by newlines) separated by blank lines."""
+    with _open_text(path) as fh:
+        block: list[str] = []
+        for line in _guard(path, fh):
+            if line.strip():
+                block.append(line.rstrip("\r\n"))
+            elif block:
+                yield "\n".join(block)
+                block = []
+        if block:
+            yield "\n".join(block)
+
+
+def _json_docs(path: Path, field_name: str = "text") -> Iterator[str]:
+    """``text`` fields of a JSON-lines file (or of a JSON array in a ``.json`` file)."""
+    with _open_text(path) as fh:
+        lines = _guard(path, fh)
+        first = next(lines, "")
+        if path.name.lower().endswith(".json") and first.lstrip().startswith("["):
+            try:
+                items = json.loads(first + "".join(lines))
+            except json.JSONDecodeError as exc:
+                raise LoopLMError(f"{str(path)!r} is not valid JSON: {exc}") from None
+            for i, item in enumerate(items):
+                yield _json_text(item, path, i + 1, field_name)
+            return
+        for i, line in enumerate(itertools.chain([first], lines), start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LoopLMError(f"{str(path)!r} line {i} is not valid JSON: {exc}") from None
+            yield _json_text(item, path, i, field_name)
+
+
+def _json_text(item: Any, path: Path, where: int, field_name: str) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict) and isinstance(item.get(field_name), str):
+        return item[field_name]
+    raise LoopLMError(f"{str(path)!r} record {where} has no string field {field_name!r}")
+
+
+def wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
+    """Split WikiText lines (each ending in a newline) into articles, keeping every character."""
+    window: list[str] = []  # the last three lines seen
+    article: list[str] = []
+    for line in lines:
+        window.append(line)
+        if len(window) == 4:
+            window.pop(0)
+        # a title is confirmed once the line after it is seen: blank, title, blank
+        if (
+            len(window) == 3
+            and window[0].strip() == ""
+            and window[2].strip() == ""
+            and _TITLE.match(window[1].rstrip("\r\n"))
+            and len(article) > 2
+        ):
+            # article holds ... blank, title: the new article starts at the title line
+            done = article[:-1]
+            if any(x.strip() for x in done):
+                yield "".join(done)
+                article = article[-1:]
+        article.append(line)
+    if article:
+        yield "".join(article)
+
+
+def _wikitext_docs(path: Path) -> Iterator[str]:
+    with _open_text(path) as fh:
+        yield from wikitext_articles(_guard(path, fh))
+
+
+def _file_docs(path: Path) -> Iterator[str]:
+    suf = _suffix(path)
+    if suf is None:
+        raise LoopLMError(
+            f"unknown format of {str(path)!r}; allowed suffixes: {', '.join(TEXT_SUFFIXES)}"
+        )
+    _check_nonempty(path)
+    if suf in (".txt", ".txt.gz"):
+        return _blank_line_blocks(path)
+    return _json_docs(path)
+
+
+def _nonempty(docs: Iterator[str], where: str) -> Iterator[str]:
+    n = 0
+    for d in docs:
+        n += 1
+        yield d
+    if n == 0:
+        raise LoopLMError(f"no documents in {where}")
+
+
+def _files_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and _suffix(p) is not None)
+
+
+def _local_files(path: Path) -> list[Path]:
+    if path.is_file():
+        if _suffix(path) is None:
+            raise LoopLMError(
+                f"unknown format of {str(path)!r}; allowed suffixes: {', '.join(TEXT_SUFFIXES)}"
+            )
+        return [path]
+    files = _files_in(path)
+    if not files:
+        raise LoopLMError(f"no {'/'.join(TEXT_SUFFIXES)} files in folder {str(path)!r}")
+    return files
+
+
+def _chain_files(files: list[Path], reader: Callable[[Path], Iterator[str]]) -> Iterator[str]:
+    for f in files:
+        yield from reader(f)
+
+
+def _split_of_file(path: Path) -> str | None:
+    words = re.split(r"[._\-]", path.name.lower())
+    found = {_SPLIT_WORDS[w] for w in words if w in _SPLIT_WORDS}
+    return found.pop() if len(found) == 1 else None
+
+
+def _by_split(files: list[Path]) -> dict[str, list[Path]]:
+    out: dict[str, list[Path]] = {}
+    for f in files:
+        s = _split_of_file(f)
+        if s is not None:
+            out.setdefault(s, []).append(f)
+    return out
+
+
+def _slice(docs: Iterator[str], start: int, stop: int) -> Iterator[str]:
+    return itertools.islice(docs, start, stop)
+
+
+def _counted(docs: Iterator[str], want: int, name: str, split: str) -> Iterator[str]:
+    """Pass documents through; error if there are none, a notice if fewer than wanted."""
+    n = 0
+    for d in docs:
+        n += 1
+        yield d
+    if n == 0:
+        raise LoopLMError(
+            f"{name} {split}: the source has no documents left for this split (wanted {want:,}); "
+            "it is smaller than the split counts: pass smaller counts (e.g. --counts 800,100,100)"
+        )
+    if n < want:
+        log.warning(
+            "%s %s: the source has only %s of the %s documents wanted; using them all",
+            name,
+            split,
+            f"{n:,}",
+            f"{want:,}",
+        )
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+def resolve_split(
+    name: str,
+    split: str,
+    source: str | os.PathLike | None = None,
+    *,
+    counts: SplitCounts | str | Iterable[int] | None = None,
+) -> ResolvedSplit:
+    """Resolve corpus ``name``'s ``split`` to its source files (or the online dataset)."""
+    check_corpus_name(name)
+    counts = SplitCounts.parse(counts)
+    if counts is not None and name not in PAPER_COUNTS:
+        raise LoopLMError(f"split counts apply only to {', '.join(PAPER_COUNTS)}, not to {name}")
+    if is_local_text(name):
+        if source is not None:
+            raise LoopLMError(f"{name!r} is a path itself; it takes no separate source")
+        return _resolve_text(name.removeprefix("text:"), split)
+    split = canonical_split(split)
+    allowed = ("test",) if name == "lambada" else SPLITS
+    if split not in allowed:
+        raise _split_error(name, split, allowed)
+    if source is None:
+        return _resolve_hf(name, split, counts)
+    path = _existing(source, f"{name} source")
+    if name in _WIKI_SUFFIX:
+        return _resolve_wikitext(name, split, path)
+    if name == "lambada":
+        if path.is_dir() and (path / "lambada_test.jsonl").is_file():
+            files = [path / "lambada_test.jsonl"]
+        else:
+            files = _local_files(path)
+        for f in files:
+            _check_nonempty(f)
+        return ResolvedSplit(
+            name,
+            split,
+            {"kind": "local", "path": str(path)},
+            files,
+            {"documents": "one example (its full text) per JSON line"},
+            lambda: _nonempty(_chain_files(files, _file_docs), str(path)),
+        )
+    return _resolve_counted(name, split, path, counts or PAPER_COUNTS[name])
+
+
+def _resolve_wikitext(name: str, split: str, folder: Path) -> ResolvedSplit:
+    if not folder.is_dir():
+        raise LoopLMError(
+            f"{name} source {str(folder)!r} must be a folder with wiki.*.{_WIKI_SUFFIX[name]} files"
+        )
+    stem = _WIKI_FILE_SPLIT[split]
+    candidates = [folder / f"wiki.{stem}.{_WIKI_SUFFIX[name]}", folder / f"{stem}.txt"]
+    path = next((c for c in candidates if c.is_file()), None)
+    if path is None:
+        raise LoopLMError(
+            f"{name} {split}: no {candidates[0].name} (or {candidates[1].name}) in {str(folder)!r}"
+        )
+    _check_nonempty(path)
+    return ResolvedSplit(
+        name,
+        split,
+        {"kind": "local", "path": str(folder)},
+        [path],
+        {"documents": "wikitext articles (a new one at each ' = Title = ' line between blanks)"},
+        lambda: _nonempty(_wikitext_docs(path), str(path)),
+    )
+
+
+def wikitext_available_splits(name: str, folder: str | os.PathLike) -> list[str]:
+    """The splits of a WikiText corpus whose file exists in ``folder``."""
+    out = []
+    for split, stem in _WIKI_FILE_SPLIT.items():
+        folder = Path(folder)
+        if (folder / f"wiki.{stem}.{_WIKI_SUFFIX[name]}").is_file() or (
+            folder / f"{stem}.txt"
+        ).is_file():
+            out.append(split)
+    return out
+
+
+def _resolve_counted(name: str, split: str, path: Path, counts: SplitCounts) -> ResolvedSplit:
+    files = _local_files(path)
+    for f in files:
+        _check_nonempty(f)
+    by_split = _by_split(files) if name == "c4" else {}
+    rule: dict[str, Any] = {
+        "documents": "one per JSON line (field text); .txt: blocks between blank lines",
+        "counts": [counts.train, counts.validation, counts.test],
+    }
+    if "train" in by_split and "validation" in by_split:
+        # C4 layout: c4-train.*.json.gz and c4-validation.*.json.gz
+        if split == "train":
+            use, start, stop = by_split["train"], 0, counts.train
+        elif split == "validation":
+            use, start, stop = by_split["validation"], 0, counts.validation
+        else:
+            use, start = by_split["validation"], counts.validation
+            stop = start + counts.test
+        rule["stream"] = "train files" if split == "train" else "validation files"
+    else:
+        use = files
+        start = {"train": 0, "validation": counts.train, "test": counts.train + counts.validation}[
+            split
+        ]
+        stop = start + getattr(counts, split)
+        rule["stream"] = "all files, in order"
+    rule["slice"] = [start, stop]
+    want = stop - start
+    return ResolvedSplit(
+        name,
+        split,
+        {"kind": "local", "path": str(path)},
+        use,
+        rule,
+        lambda: _counted(_slice(_chain_files(use, _file_docs), start, stop), want, name, split),
+        expected_documents=want,
+    )
+
+
+def _resolve_text(raw_path: str, split: str) -> ResolvedSplit:
+    path = _existing(raw_path, "text corpus path")
+    files = _local_files(path)
+    for f in files:
+        _check_nonempty(f)
+    canon = canonical_split(split)
+    by_split = _by_split(files) if path.is_dir() else {}
+    name = f"text:{path}"
+    if by_split:
+        if canon not in by_split:
+            raise _split_error(name, split, sorted(by_split))
+        use = by_split[canon]
+        rule = {"documents": "per file format", "split": "files named by split"}
+    else:
+        if canon not in ("all", "train"):
+            raise _split_error(name, split, ["all (alias train): no files named by split"])
+        canon, use, rule = "all", files, {"documents": "per file format", "split": "everything"}
+    return ResolvedSplit(
+        name,
+        canon,
+        {"kind": "local", "path": str(path)},
+        use,
+        rule,
+        lambda: _nonempty(_chain_files(use, _file_docs), str(path)),
+    )
+
+
+def _import_datasets():
+    try:
+        import datasets  # optional extra, imported lazily
+    except ImportError:
+        return None
+    return datasets
+
+
+def _resolve_hf(name: str, split: str, counts: SplitCounts | None) -> ResolvedSplit:
+    datasets = _import_datasets()
+    dataset_id, config = HF_DATASETS[name]
+    if datasets is None:
+        raise LoopLMError(
+            f"no local source for {name!r} and the optional package 'datasets' is not installed: "
+            f"pass a local copy (--source PATH, e.g. the shared data folder's copy) or run "
+            f"`pip install 'looplm[data]'` on a machine with network access "
+            f"(it reads {dataset_id}{'/' + config if config else ''})"
+        )
+    source = {"kind": "hf", "dataset": dataset_id, "config": config}
+
+    def load(hf_split: str, streaming: bool):
+        try:
+            return datasets.load_dataset(dataset_id, config, split=hf_split, streaming=streaming)
+        except Exception as exc:  # network, missing dataset, ...
+            msg = " ".join(str(exc).split())[:300]
+            raise LoopLMError(
+                f"could not load {dataset_id} ({hf_split}) via datasets: {msg}"
+            ) from None
+
+    def texts(rows: Iterable[dict]) -> Iterator[str]:
+        for row in rows:
+            yield row["text"]
+
+    if name in _WIKI_SUFFIX:
+        # HF rows are the file's lines; blank lines (" \n" in the files) come as "".
+        def docs() -> Iterator[str]:
+            lines = (t if t else " \n" for t in texts(load(split, False)))
+            return _nonempty(wikitext_articles(lines), f"{dataset_id} {split}")
+
+        rule = {"documents": "wikitext articles (rows rejoined into lines)"}
+        return ResolvedSplit(name, split, source, [], rule, docs)
+    if name == "lambada":
+        rule = {"documents": "one example per row"}
+        return ResolvedSplit(name, split, source, [], rule, lambda: texts(load("test", False)))
+    counts = counts or PAPER_COUNTS[name]
+    if name == "c4" and split != "train":
+        hf_split = "validation"
+        start = 0 if split == "validation" else counts.validation
+    else:
+        hf_split = "train"
+        start = {"train": 0, "validation": counts.train, "test": counts.train + counts.validation}[
+            split
+        ]
+    stop = start + getattr(counts, split)
+    rule = {
+        "documents": "one per row",
+        "counts": [counts.train, counts.validation, counts.test],
+        "stream": f"{hf_split} split",
+        "slice": [start, stop],
+    }
+    return ResolvedSplit(
+        name,
+        split,
+        source,
+        [],
+        rule,
+        lambda: _counted(
+            _slice(texts(load(hf_split, True)), start, stop), stop - start, name, split
+        ),
+        expected_documents=stop - start,
+    )
+
+
+def available_splits(name: str, source: str | os.PathLike | None = None) -> list[str]:
+    """The splits ``prepare`` builds by default for ``name`` read from ``source`` (maybe none)."""
+    check_corpus_name(name)
+    if is_local_text(name):
+        path = _existing(name.removeprefix("text:"), "text corpus path")
+        by_split = _by_split(_local_files(path)) if path.is_dir() else {}
+        return [s for s in SPLITS if s in by_split] if by_split else ["all"]
+    if name == "lambada":
+        return ["test"]
+    if name in _WIKI_SUFFIX and source is not None:
+        folder = _existing(source, f"{name} source")
+        return wikitext_available_splits(name, folder) if folder.is_dir() else []
+    return list(SPLITS)
+
+
+def load_documents(
+    name: str,
+    split: str,
+    source: str | os.PathLike | None = None,
+    *,
+    counts: SplitCounts | str | Iterable[int] | None = None,
+) -> Iterator[str]:
+    """Stream the documents of corpus ``name``'s ``split`` (see the module docstring)."""
+    return resolve_split(name, split, source, counts=counts).documents()
+
+
+# ----------------------------------------------------------------------------- LAMBADA
+
+
+@dataclass(frozen=True)
+class LambadaExample:
+    """One LAMBADA passage: ``text`` = ``context`` + whitespace + ``target`` (the last word)."""
+
+    text: str
+    context: str
+    target: str
+
+
+@dataclass(frozen=True)
+class TargetSpan:
+    """Token ids of ``context + " " + target`` and the target's token span ``ids[start:end]``.
+
+    ``in_text`` is True when the span was found at the end of the tokenization of the whole
+    passage (its last separator written as one space, which it is in all but 7 of the 5,153
+    examples of ``lambada_test.jsonl``); False when the ids had to be built as ``encode(context) + encode(" " + target)``
+    (BPE merged the target with what precedes it, or the separator was not one space).
+    """
+
+    ids: list[int]
+    start: int
+    end: int
+    in_text: bool
+
+
+def split_last_word(text: str) -> tuple[str, str]:
+    """(context, last whitespace-separated word) of ``text``; context excludes the separator."""
+    m = re.search(r"(\s+)(\S+)\s*$", text)
+    if m is None:
+        raise LoopLMError(f"LAMBADA text has no context before its last word: {text[:60]!r}")
+    return text[: m.start(1)], m.group(2)
+
+
+def lambada_examples(path: str | os.PathLike) -> list[LambadaExample]:
+    """The examples of a LAMBADA JSON-lines file (field ``text``), or of a folder holding one."""
+    p = _existing(path, "LAMBADA file")
+    if p.is_dir():
+        p = p / "lambada_test.jsonl" if (p / "lambada_test.jsonl").is_file() else _local_files(p)[0]
+    if _suffix(p) not in (".jsonl", ".jsonl.gz", ".json", ".json.gz"):
+        raise LoopLMError(f"unknown LAMBADA format {str(p)!r}; expected JSON lines with 'text'")
+    _check_nonempty(p)
+    out = []
+    for text in _json_docs(p):
+        context, target = split_last_word(text)
+        out.append(LambadaExample(text=text, context=context, target=target))
+    if not out:
+        raise LoopLMError(f"no LAMBADA examples in {str(p)!r}")
+    return out
+
+
+def locate_target(example: LambadaExample, tokenizer) -> TargetSpan:
+    """Token ids of the passage and the span of its target word (tokens of ``" " + target``)."""
+    return locate_targets([example], tokenizer)[0]
+
+
+def locate_targets(examples: list[LambadaExample], tokenizer) -> list[TargetSpan]:
+    """``locate_target`` for many examples, tokenized in batches (parallel for GPT-2)."""
+    passages = tokenizer.encode_batch([e.context + " " + e.target for e in examples])
+    targets = tokenizer.encode_batch([" " + e.target for e in examples])
+    out: list[TargetSpan] = []
+    misses = [i for i, (ids, t) in enumerate(zip(passages, targets)) if ids[-len(t) :] != t]
+    contexts = dict(zip(misses, tokenizer.encode_batch([examples[i].context for i in misses])))
+    for i, (ids, t) in enumerate(zip(passages, targets)):
+        if i in contexts:
+            ids = contexts[i] + t
+        out.append(TargetSpan(ids, len(ids) - len(t), len(ids), i not in contexts))
+    return out
