@@ -1,0 +1,510 @@
+"""Token caches: tokenize a corpus split once into a memory-mapped file, then reuse it.
+
+``prepare(name, split, tokenizer_name, source, cache_dir)`` writes two files into ``cache_dir``:
+
+- ``<name>.<split>.<tokenizer>.bin``: the token ids, uint16 (uint32 when the vocabulary has more
+  than 65,535 entries), every document followed by the tokenizer's end-of-text id;
+- ``<name>.<split>.<tokenizer>.json``: metadata (corpus, split, split rule, tokenizer, source
+  files with size / mtime / sha256, n_tokens, n_documents, dtype, sha256 and size of the .bin,
+  looplm version).
+
+Both are written atomically (temp file, fsync, ``os.replace``; the .bin is streamed to its temp
+file). A later ``prepare`` reuses the cache when the metadata matches; it rebuilds, with a one-line
+notice, when the source changed (file list, size, or mtime with a different sha256) or the cache
+is corrupt (missing or unreadable metadata, wrong .bin size, sha256 mismatch).
+
+Batching for training and evaluation works on any 1-D token array (the memmap included):
+``sample_windows`` draws random windows, ``eval_windows`` walks the split once. Training and
+evaluation code call ``get_split_tokens(dataset, split, tokenizer, data_dir, cache_dir)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from looplm.data.corpora import (
+    ResolvedSplit,
+    SplitCounts,
+    check_corpus_name,
+    is_local_text,
+    resolve_split,
+)
+from looplm.data.tokenizers import get_tokenizer
+from looplm.errors import LoopLMError
+from looplm.io import atomic_write_json
+
+log = logging.getLogger("looplm.data")
+
+CACHE_FORMAT = 1
+CACHE_DIR_ENV = "LOOPLM_CACHE_DIR"
+DATA_DIR_ENV = "LOOPLM_DATA_DIR"
+IGNORE_INDEX = -100
+# Folder of each corpus inside the shared data folder (``data_dir``).
+SHARED_FOLDERS = {
+    "wikitext-2": "wikitext-2",
+    "wikitext-2-raw": "wikitext-2",
+    "wikitext-103": "wikitext-103",
+    "wikitext-103-raw": "wikitext-103",
+    "openwebtext": "owt-sample",
+    "c4": "c4-sample",
+    "lambada": "lambada",
+}
+_BATCH_DOCS = 2048
+_BATCH_CHARS = 1 << 22  # 4 Mi characters per encode_batch call
+
+
+def default_cache_dir() -> Path:
+    """``$LOOPLM_CACHE_DIR`` or ``~/.cache/looplm``."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    return Path(env).expanduser() if env else Path("~/.cache/looplm").expanduser()
+
+
+def _looplm_version() -> str:
+    try:
+        from looplm import __version__
+
+        return str(__version__)
+    except Exception:
+        try:
+            from importlib.metadata import version
+
+            return version("looplm")
+        except Exception:
+            return "unknown"
+
+
+def _progress_disabled() -> bool:
+    return os.environ.get("LOOPLM_NO_PROGRESS") == "1" or not sys.stderr.isatty()
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _dtype_for(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
+
+
+def cache_stem(name: str, split: str, tokenizer_name: str) -> str:
+    """File stem of a cache: ``<corpus>.<split>.<tokenizer>`` (local paths get a short hash)."""
+    if is_local_text(name):
+        raw = str(Path(name.removeprefix("text:")).expanduser().resolve())
+        base = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(raw).name)[:40] or "text"
+        name = f"text-{base}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
+    return f"{name}.{split}.{tokenizer_name}"
+
+
+@dataclass
+class TokenCache:
+    """A prepared token cache: ``tokens`` is a read-only ``np.memmap`` of the .bin file."""
+
+    bin_path: Path
+    meta_path: Path
+    meta: dict[str, Any]
+    reused: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.meta["n_tokens"])
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The token ids (uint16/uint32 memmap; an empty array for an empty cache)."""
+        if not hasattr(self, "_tokens"):
+            dtype = np.dtype(self.meta["dtype"])
+            if self.n_tokens == 0:
+                self._tokens = np.zeros(0, dtype=dtype)
+            else:
+                self._tokens = np.memmap(
+                    self.bin_path, dtype=dtype, mode="r", shape=(self.n_tokens,)
+                )
+        return self._tokens
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+
+def _source_record(resolved: ResolvedSplit) -> list[dict[str, Any]]:
+    out = []
+    for f in resolved.files:
+        st = f.stat()
+        out.append({"path": str(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": None})
+    return out
+
+
+def _expected_meta(
+    resolved: ResolvedSplit, tok, tokenizer_name: str, dtype: np.dtype
+) -> dict[str, Any]:
+    return {
+        "format": CACHE_FORMAT,
+        "corpus": resolved.name,
+        "split": resolved.split,
+        "rule": resolved.rule,
+        "tokenizer": tokenizer_name,
+        "vocab_size": int(tok.vocab_size),
+        "eot_id": int(tok.eot_id),
+        "dtype": dtype.name,
+        "source": resolved.source,
+    }
+
+
+def check_cache(
+    bin_path: Path,
+    meta_path: Path,
+    expected: dict[str, Any] | None,
+    files: list[Path] | None,
+    verify: bool = True,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(metadata, None) when the cache is usable, else (None or metadata, why it is not).
+
+    ``expected``: the fields that must match (None skips that check); ``files``: the current
+    source files (None skips the staleness check); ``verify``: also check the .bin's sha256.
+    """
+    if not meta_path.exists():
+        return None, "missing" if not bin_path.exists() else "metadata missing"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        n_tokens = int(meta["n_tokens"])
+        itemsize = np.dtype(meta["dtype"]).itemsize
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"metadata unreadable ({type(exc).__name__})"
+    if expected is not None:
+        for key, want in expected.items():
+            if meta.get(key) != want:
+                return meta, f"{key} changed ({meta.get(key)!r} -> {want!r})"
+    if files is not None:
+        try:
+            why = _source_changed(meta, files)
+        except (KeyError, TypeError, AttributeError):
+            return meta, "metadata unreadable (source record)"
+        if why is not None:
+            return meta, why
+    if not bin_path.exists():
+        return meta, "token file missing"
+    size = bin_path.stat().st_size
+    if size != n_tokens * itemsize or size != meta.get("bin_bytes", size):
+        return meta, f"corrupt (token file has {size} bytes, expected {n_tokens * itemsize})"
+    if verify and _sha256_file(bin_path) != meta.get("bin_sha256"):
+        return meta, "corrupt (token file checksum mismatch)"
+    return meta, None
+
+
+def _source_changed(meta: dict[str, Any], files: list[Path]) -> str | None:
+    """Why the recorded source files differ from ``files`` (None when they are the same)."""
+    old = {r["path"]: r for r in meta["source_files"]}
+    if sorted(old) != sorted(str(f) for f in files):
+        return "source changed (different files)"
+    for f in files:
+        rec, st = old[str(f)], f.stat()
+        if rec["size"] != st.st_size:
+            return f"source changed ({f.name}: size {rec['size']} -> {st.st_size})"
+        if rec["mtime_ns"] != st.st_mtime_ns:
+            if rec.get("sha256") is None or rec["sha256"] != _sha256_file(f):
+                return f"source changed ({f.name}: modified)"
+            rec["mtime_ns"] = st.st_mtime_ns  # same content, only touched: refresh the record
+            meta["_touched"] = True
+    return None
+
+
+def _batches(docs: Iterable[str]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    chars = 0
+    for d in docs:
+        batch.append(d)
+        chars += len(d)
+        if len(batch) >= _BATCH_DOCS or chars >= _BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _write_tokens(
+    resolved: ResolvedSplit, tok, dtype: np.dtype, bin_path: Path, label: str
+) -> tuple[int, int, str]:
+    """Tokenize the split into ``bin_path`` atomically; returns (n_tokens, n_documents, sha256).
+
+    Batches are encoded in a small thread pool (two in flight: the Rust tokenizer releases the
+    GIL), so reading the next documents and writing the previous ids overlap with encoding, and
+    one batch's tail keeps the cores busy while the next one starts.
+    """
+    from tqdm.auto import tqdm
+
+    eot = int(tok.eot_id)
+    hasher = hashlib.sha256()
+    n_tokens = n_docs = 0
+    bin_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{bin_path.name}.", suffix=".tmp", dir=bin_path.parent)
+
+    def write(encoded: list[list[int]]) -> None:
+        nonlocal n_tokens, n_docs
+        lengths = np.fromiter((len(e) + 1 for e in encoded), np.int64, len(encoded))
+        ends = np.cumsum(lengths)
+        flat = np.empty(int(ends[-1]), dtype=dtype)
+        pos = 0
+        for ids, end in zip(encoded, ends):
+            flat[pos : end - 1] = ids
+            pos = end
+        flat[ends - 1] = eot  # each document is followed by <|endoftext|>
+        data = flat.tobytes()
+        f.write(data)
+        hasher.update(data)
+        n_tokens += len(flat)
+        n_docs += len(encoded)
+        bar.update(len(encoded))
+        bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
+
+    try:
+        with (
+            os.fdopen(fd, "wb") as f,
+            tqdm(
+                total=resolved.expected_documents,
+                unit="doc",
+                desc=label,
+                disable=_progress_disabled(),
+                dynamic_ncols=True,
+            ) as bar,
+            ThreadPoolExecutor(max_workers=2, thread_name_prefix="looplm-tok") as pool,
+        ):
+            in_flight: deque = deque()
+            for batch in _batches(resolved.documents()):
+                in_flight.append(pool.submit(tok.encode_batch, batch))
+                if len(in_flight) == 2:
+                    write(in_flight.popleft().result())
+            while in_flight:
+                write(in_flight.popleft().result())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, bin_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return n_tokens, n_docs, hasher.hexdigest()
+
+
+def prepare(
+    name: str,
+    split: str,
+    tokenizer_name: str = "gpt2",
+    source: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    counts: SplitCounts | str | Iterable[int] | None = None,
+    tokenizer_path: str | os.PathLike | None = None,
+    force: bool = False,
+    verify: bool = True,
+) -> TokenCache:
+    """Tokenize corpus ``name``'s ``split`` into ``cache_dir`` once; reuse the cache after that.
+
+    ``source``: a local copy (file or folder) or None for the online path (HF ``datasets``).
+    ``counts``: document counts for OpenWebText / C4 splits (default: the paper's).
+    ``force``: rebuild even when a valid cache exists. ``verify``: check the .bin's sha256 when
+    reusing (cheap next to tokenizing: about 1 GB/s).
+    """
+    resolved = resolve_split(name, split, source, counts=counts)
+    tok = get_tokenizer(tokenizer_name, tokenizer_path)
+    dtype = _dtype_for(tok.vocab_size)
+    cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    stem = cache_stem(resolved.name, resolved.split, tokenizer_name)
+    bin_path, meta_path = cache_dir / f"{stem}.bin", cache_dir / f"{stem}.json"
+    expected = _expected_meta(resolved, tok, tokenizer_name, dtype)
+    files = resolved.files if resolved.source["kind"] == "local" else None
+
+    if not force:
+        meta, why = check_cache(bin_path, meta_path, expected, files, verify=verify)
+        if why is None:
+            if meta.pop("_touched", False):
+                atomic_write_json(meta_path, meta)
+            return TokenCache(bin_path, meta_path, meta, reused=True)
+        if why != "missing":
+            log.warning("token cache %s: %s; rebuilding", bin_path, why)
+
+    t0 = time.perf_counter()
+    source_files = _source_record(resolved)
+    for rec in source_files:
+        rec["sha256"] = _sha256_file(Path(rec["path"]))
+    if meta_path.exists():
+        meta_path.unlink()  # a crash from here on leaves a .bin without metadata: rebuilt
+    label = f"{resolved.name} {resolved.split}"
+    n_tokens, n_docs, digest = _write_tokens(resolved, tok, dtype, bin_path, label)
+    meta = {
+        **expected,
+        "source_files": source_files,
+        "tokenizer_source": getattr(tok, "source", None),
+        "n_tokens": n_tokens,
+        "n_documents": n_docs,
+        "bin_bytes": n_tokens * dtype.itemsize,
+        "bin_sha256": digest,
+        "looplm_version": _looplm_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build_seconds": round(time.perf_counter() - t0, 3),
+    }
+    atomic_write_json(meta_path, meta)
+    return TokenCache(bin_path, meta_path, meta, reused=False)
+
+
+def list_caches(cache_dir: str | os.PathLike, verify: bool = False) -> list[dict[str, Any]]:
+    """Metadata of every cache in ``cache_dir``, each with ``status`` ("ok" or the problem)."""
+    folder = Path(cache_dir).expanduser()
+    if not folder.is_dir():
+        raise LoopLMError(f"cache folder {str(folder)!r} does not exist")
+    out = []
+    for meta_path in sorted(folder.glob("*.json")):
+        bin_path = meta_path.with_suffix(".bin")
+        meta, why = check_cache(bin_path, meta_path, None, None, verify=verify)
+        if meta is None:
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # not a cache metadata file
+        if not isinstance(meta, dict) or "n_tokens" not in meta:
+            continue
+        meta = {**meta, "bin_path": str(bin_path), "status": why or "ok"}
+        out.append(meta)
+    return out
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+def _as_array(tokens) -> np.ndarray:
+    if isinstance(tokens, torch.Tensor):
+        return tokens.detach().cpu().numpy()
+    return tokens
+
+
+def sample_windows(
+    tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random training windows: ``x = tokens[s:s+L]``, ``y = tokens[s+1:s+L+1]``, int64 (B, L).
+
+    Window starts are uniform over every valid position and come from ``generator`` only, so
+    the same seed gives the same batches.
+    """
+    tokens = _as_array(tokens)
+    n = len(tokens)
+    if batch_size < 1 or seq_len < 1:
+        raise LoopLMError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
+    if n < seq_len + 1:
+        raise LoopLMError(f"{n} tokens are too few for windows of seq_len={seq_len} (+1 target)")
+    starts = torch.randint(0, n - seq_len, (batch_size,), generator=generator).numpy()  # (B,)
+    idx = starts[:, None] + np.arange(seq_len + 1)  # (B, L+1)
+    chunk = torch.from_numpy(tokens[idx].astype(np.int64))  # (B, L+1)
+    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()  # (B, L), (B, L)
+
+
+def eval_windows(
+    tokens: np.ndarray,
+    batch_size: int,
+    seq_len: int,
+    max_tokens: int | None = None,
+    pad_id: int = 0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Non-overlapping windows that predict every token of the split exactly once.
+
+    Window k holds inputs ``tokens[kL : kL+L]`` and targets ``tokens[kL+1 : kL+L+1]``; together
+    they predict tokens 1..N-1 (token 0 has no context). The last window may be partial: its
+    inputs are padded with ``pad_id`` and its targets with -100 (ignored), so summing the loss
+    over targets != -100 counts each predicted token once. Standard non-overlapping protocol:
+    the first token of each window is predicted from a short context (position 0 sees one
+    token), unlike a sliding-window evaluation. ``max_tokens`` caps the number of predicted
+    tokens (the first ``max_tokens`` targets). Yields int64 (B, L) pairs; the last batch may
+    have fewer rows.
+    """
+    tokens = _as_array(tokens)
+    if batch_size < 1 or seq_len < 1:
+        raise LoopLMError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
+    n_pred = len(tokens) - 1
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise LoopLMError(f"max_tokens={max_tokens} must be >= 1")
+        n_pred = min(n_pred, max_tokens)
+    if n_pred < 1:
+        raise LoopLMError(f"{len(tokens)} tokens are too few to evaluate (need at least 2)")
+    starts = np.arange(0, n_pred, seq_len)
+    for b in range(0, len(starts), batch_size):
+        rows = starts[b : b + batch_size]
+        x = np.full((len(rows), seq_len), pad_id, dtype=np.int64)  # (B, L)
+        y = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)  # (B, L)
+        for i, s in enumerate(rows):
+            m = min(seq_len, n_pred - int(s))
+            seg = np.asarray(tokens[s : s + m + 1], dtype=np.int64)  # (m+1,)
+            x[i, :m] = seg[:m]
+            y[i, :m] = seg[1:]
+        yield torch.from_numpy(x), torch.from_numpy(y)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def shared_source(data_dir: str | os.PathLike, dataset: str, split: str) -> Path:
+    """The local copy of ``dataset`` inside a data folder laid out like the shared one.
+
+    Looks for ``data_dir/<folder>`` (the shared names: wikitext-2, wikitext-103, owt-sample,
+    c4-sample, lambada) or ``data_dir/<dataset>``. WikiText-103-raw validation/test fall back to
+    ``wikitext-2``'s raw files when ``wikitext-103`` has none: the two corpora share their
+    validation and test articles.
+    """
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        raise LoopLMError(f"data folder {str(root)!r} does not exist")
+    names = [SHARED_FOLDERS.get(dataset, dataset), dataset]
+    folder = next((root / n for n in names if (root / n).exists()), None)
+    if folder is None:
+        raise LoopLMError(
+            f"no local copy of {dataset} in {str(root)!r} (looked for "
+            f"{' or '.join(dict.fromkeys(names))})"
+        )
+    if dataset == "wikitext-103-raw" and split in ("validation", "valid", "val", "test"):
+        stem = "valid" if split != "test" else "test"
+        alt = root / "wikitext-2"
+        if not (folder / f"wiki.{stem}.raw").exists() and (alt / f"wiki.{stem}.raw").exists():
+            log.info("wikitext-103-raw %s: using %s (same articles)", split, alt)
+            return alt
+    return folder
+
+
+def get_split_tokens(
+    dataset: str,
+    split: str,
+    tokenizer: str = "gpt2",
+    data_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    counts: SplitCounts | str | Iterable[int] | None = None,
+) -> np.ndarray:
+    """Token ids of one split as a memmap, prepared on first use and reused afterwards.
+
+    ``data_dir`` (default ``$LOOPLM_DATA_DIR``) is a folder laid out like the shared data
+    (``data_dir/wikitext-2`` ...); without one the corpus is read online (HF ``datasets``).
+    Local text corpora (``text:<path>``) ignore ``data_dir``. ``cache_dir`` defaults to
+    ``$LOOPLM_CACHE_DIR`` or ``~/.cache/looplm``.
+    """
+    check_corpus_name(dataset)
+    source = None
+    if not is_local_text(dataset):
+        data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
+        if data_dir:
+            source = shared_source(data_dir, dataset, split)
+    return prepare(dataset, split, tokenizer, source, cache_dir, counts=counts).tokens
