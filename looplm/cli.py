@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "looplm.commands.train",
     "looplm.commands.evaluate",
     "looplm.commands.demo",
+    "looplm.commands.data",
     "looplm.commands.report",
 ]
 
