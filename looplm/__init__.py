@@ -1,16 +1,32 @@
-"""looplm: looped (depth-recurrent, weight-shared) Transformer LMs built around SCSE."""
+"""looplm: looped (depth-recurrent, weight-shared) Transformer LMs built around SCSE.
+
+Attributes are resolved lazily, so light modules (the results store, reports) import without
+loading torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.model import LoopedLM, UnsharedLM, build_model, model_from_config, recurrence_names
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "LoopLMError",
-    "LoopedLM",
-    "UnsharedLM",
-    "__version__",
-    "build_model",
-    "model_from_config",
-    "recurrence_names",
-]
+_LAZY = {
+    "LoopedLM": "looplm.model",
+    "UnsharedLM": "looplm.model",
+    "build_model": "looplm.model",
+    "model_from_config": "looplm.model",
+    "recurrence_names": "looplm.model",
+    "flops": "looplm.flops",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'looplm' has no attribute {name!r}")
+
+
+__all__ = ["LoopLMError", "__version__", *_LAZY]

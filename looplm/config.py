@@ -28,6 +28,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "50m": dict(d_model=768, n_heads=12, d_ff=3072),
     "95.6m": dict(d_model=1280, n_heads=20, d_ff=5120),
     "136.5m": dict(d_model=1664, n_heads=26, d_ff=6656),
+    # Unshared controls (recurrence "unshared"), ff = 4·d. Width 320 takes 5 heads (head dim 64, as
+    # at 22m); width 288 keeps 22m's 6 heads (head dim 48; 64 does not divide 288). The head count
+    # changes no parameter count.
+    "22m-unshared-4x320": dict(d_model=320, n_heads=5, d_ff=1280, n_layers=4),  # 22.68M
+    "22m-unshared-6x288": dict(d_model=288, n_heads=6, d_ff=1152, n_layers=6),  # 22.48M
+    "22m-unshared-8x384": dict(d_model=384, n_heads=6, d_ff=1536, n_layers=8),  # Transformer-8
 }
 
 
@@ -227,6 +233,11 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
             raise LoopLMError(f"{key}={value!r} must be an integer")
         return int(value)
     if typ is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-3" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise LoopLMError(f"{key}={value!r} must be a number")
         return float(value)

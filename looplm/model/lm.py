@@ -202,6 +202,17 @@ class LoopedLM(LanguageModelBase):
             out.append(rec.to_hidden(s, ctx))
         return out
 
+    def iter_depths(self, input_ids: torch.Tensor, depths: list[int]):
+        """Yield ``(T, h_T)`` for each T in sorted ``depths`` from one unroll (cost: max depth)."""
+        wanted = sorted({check_loops(int(d)) for d in depths})
+        rec = self.recurrence
+        ctx = self.prepare(input_ids)
+        s = rec.init_state(ctx)
+        for t in range(wanted[-1]):
+            s = rec.step(self.block, s, ctx, t)
+            if t + 1 in wanted:
+                yield t + 1, rec.to_hidden(s, ctx)
+
     def _step_state(self, s, e, anchor, t, ctx):  # e/anchor passed so checkpoint tracks them
         return self.recurrence.step(self.block, s, ctx, t)
 

@@ -49,6 +49,17 @@ class UnsharedLM(LanguageModelBase):
                 out.append(h)
         return out if keep_all else [h]
 
+    def iter_depths(self, input_ids: torch.Tensor, depths: list[int]):
+        """Yield ``(T, h)`` for sorted ``depths``; depth T runs the first min(T, N) layers."""
+        wanted = sorted({check_loops(int(d)) for d in depths})
+        h = self.embed(input_ids)
+        done = 0
+        for T in wanted:
+            for layer in self.layers[done : self.active_depth(T)]:
+                h = h + layer(h)
+            done = self.active_depth(T)
+            yield T, h
+
     def forward(
         self, input_ids: torch.Tensor, loops: int | None = None, return_states: bool = False
     ) -> torch.Tensor | LoopOutput:

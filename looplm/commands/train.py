@@ -1,0 +1,33 @@
+"""`looplm train CONFIG [key=value …] [--resume]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model from a YAML config (+ key=value overrides)",
+        description="Train a looped LM. CONFIG is a YAML file or the name of one in configs/; "
+        "override any setting with dotted key=value pairs, e.g. train.steps=200 "
+        "model.recurrence=looped out_dir=runs/x.",
+    )
+    p.add_argument("config", help="YAML config path or name in configs/ (e.g. tiny_bool)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    p.add_argument("--resume", action="store_true", help="continue from <out_dir>/ckpt exactly")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from looplm.config import load_config
+    from looplm.train import fit
+
+    cfg = load_config(args.config, args.overrides)
+    last = fit(cfg, resume=args.resume, progress=False if args.no_progress else None)
+    keys = ("step", "loss", "val_loss", "val_accuracy", "val_loops")
+    print(json.dumps({k: last[k] for k in keys if k in last}))
+    print(f"checkpoint: {cfg.out_dir}/ckpt")
+    return 0

@@ -1,0 +1,118 @@
+"""Batches for training and evaluation, from a synthetic task or a token cache.
+
+Every training batch is a pure function of (seed, step, rank): resuming at step k replays exactly the
+batches an uninterrupted run would have seen, and ranks of a distributed run see disjoint data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from looplm.config import DataConfig, ModelConfig
+from looplm.data.synthetic import TASKS, make_batch
+from looplm.errors import LoopLMError
+
+EVAL_SEED_OFFSET = 1_000_003  # evaluation examples never coincide with training seeds
+
+
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """A distinct, reproducible 63-bit seed for (run seed, step, rank)."""
+    return (seed * 6_364_136_223_846_793_005 + step * 1_442_695_040_888_963_407 + rank * 97) % (
+        2**63 - 1
+    )
+
+
+class DataSource:
+    """Training batches by step and evaluation batches covering the evaluation set."""
+
+    is_task = False
+
+    def train_batch(
+        self, step: int, micro: int, batch_size: int, rank: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def eval_batches(self, batch_size: int, max_tokens: int | None) -> Iterator[tuple]:
+        raise NotImplementedError
+
+
+class TaskSource(DataSource):
+    """A synthetic task (``bool_logic``) generated on the fly."""
+
+    is_task = True
+
+    def __init__(self, data: DataConfig, model: ModelConfig, seed: int) -> None:
+        self.task, self.data, self.seed, self.context = data.dataset, data, seed, model.context
+        unknown = sorted(set(data.task_args) - {"seq_len"})
+        if unknown:
+            raise LoopLMError(f"unknown data.task_args key {unknown[0]!r}; allowed: seq_len")
+        self.seq_len = int(data.task_args.get("seq_len", 0))  # >0 packs examples per row
+
+    def train_batch(self, step, micro, batch_size, rank=0):
+        b = make_batch(
+            self.task,
+            batch_size,
+            tuple(self.data.train_difficulty),
+            seed=step_seed(self.seed, step * 1024 + micro, rank),
+            max_len=self.context,
+            seq_len=self.seq_len,
+        )
+        return b.input_ids, b.targets
+
+    def eval_batches(self, batch_size, max_tokens=None, n_examples: int = 512):
+        n_batches = max(1, -(-n_examples // batch_size))
+        for i in range(n_batches):
+            b = make_batch(
+                self.task,
+                batch_size,
+                tuple(self.data.eval_difficulty),
+                seed=EVAL_SEED_OFFSET + i,
+                max_len=self.context,
+                seq_len=self.seq_len,
+            )
+            yield b.input_ids, b.targets
+
+
+class CorpusSource(DataSource):
+    """Fixed-length windows from a memory-mapped token cache (see looplm.data.cache)."""
+
+    def __init__(self, data: DataConfig, model: ModelConfig, seed: int) -> None:
+        from looplm.data.cache import get_split_tokens
+
+        self.seed, self.context, self.data = seed, model.context, data
+        self.train_tokens = get_split_tokens(
+            data.dataset, data.train_split, model.tokenizer, data.data_dir, data.cache_dir
+        )
+        self._eval_tokens = None
+        self.model_cfg = model
+
+    @property
+    def eval_tokens(self):
+        if self._eval_tokens is None:
+            from looplm.data.cache import get_split_tokens
+
+            d = self.data
+            self._eval_tokens = get_split_tokens(
+                d.dataset, d.eval_split, self.model_cfg.tokenizer, d.data_dir, d.cache_dir
+            )
+        return self._eval_tokens
+
+    def train_batch(self, step, micro, batch_size, rank=0):
+        from looplm.data.cache import sample_windows
+
+        g = torch.Generator().manual_seed(step_seed(self.seed, step * 1024 + micro, rank))
+        return sample_windows(self.train_tokens, batch_size, self.context, g)
+
+    def eval_batches(self, batch_size, max_tokens=None, n_examples: int = 0):
+        from looplm.data.cache import eval_windows
+
+        yield from eval_windows(self.eval_tokens, batch_size, self.context, max_tokens)
+
+
+def make_source(data: DataConfig, model: ModelConfig, seed: int) -> DataSource:
+    """The DataSource for ``data.dataset`` (a synthetic task name or a corpus)."""
+    if data.dataset in TASKS:
+        return TaskSource(data, model, seed)
+    return CorpusSource(data, model, seed)

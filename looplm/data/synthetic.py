@@ -1,0 +1,157 @@
+"""Synthetic compositional tasks generated on the fly from a seed (seed 003, abstract 1).
+
+``bool_logic``: nested boolean expressions over T/F with ``&``, ``|``, ``^`` and ``~``; the
+difficulty is the nesting depth. Each level wraps the deeper sub-expression with an operator and a
+shallow partner, so the length grows linearly with depth (depth 8 is still ~60 characters) and
+train and test difficulty ranges can differ. Example (depth 3)::
+
+    ((~T|F)^(T&F))&T=F
+
+Token ids are UTF-8 bytes (the byte-level tokenizer: 0..255, end-of-text 256 pads). The model reads
+the expression and ``=`` and is supervised only at the ``=`` position, whose target is ``T`` or
+``F``; labels are balanced, so chance accuracy is 50%. Rows pack several independent examples
+(``expr=A;expr=A;…``) so each sequence carries several supervised answers.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from looplm.errors import LoopLMError
+
+PAD_ID = 256  # the byte tokenizer's end-of-text id
+TASKS = ("bool_logic",)
+_OPS = {"&": lambda a, b: a and b, "|": lambda a, b: a or b, "^": lambda a, b: a != b}
+
+
+def _expr(rng: random.Random, depth: int) -> tuple[str, bool]:
+    """A random expression of exactly ``depth`` nesting levels and its truth value."""
+    if depth == 0:
+        v = rng.random() < 0.5
+        s = "T" if v else "F"
+    else:
+        deep, dv = _expr(rng, depth - 1)
+        shallow, sv = _expr(rng, rng.randint(0, min(1, depth - 1)))
+        op = rng.choice("&|^")
+        left, right = (deep, shallow) if rng.random() < 0.5 else (shallow, deep)
+        lv, rv = (dv, sv) if left is deep else (sv, dv)
+        v = _OPS[op](lv, rv)
+        s = f"({left}{op}{right})"
+    if rng.random() < 0.25:
+        s, v = "~" + s, not v
+    return s, v
+
+
+def bool_logic_example(rng: random.Random, depth: int, want: bool | None = None) -> tuple[str, str]:
+    """(expression + '=', answer 'T'/'F'); outer parentheses dropped. Rejection-samples ``want``."""
+    while True:
+        s, v = _expr(rng, depth)
+        if s.startswith("(") and s.endswith(")"):
+            s = s[1:-1]
+        if want is None or v == want:
+            return s + "=", "T" if v else "F"
+
+
+@dataclass
+class TaskBatch:
+    """input_ids (B, L) int64; targets (B, L), -100 except at answer positions; difficulty (B, L)."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    difficulty: torch.Tensor  # difficulty of the example answered at each position, 0 elsewhere
+
+
+def make_batch(
+    task: str,
+    batch_size: int,
+    difficulty: tuple[int, int],
+    seed: int,
+    max_len: int = 128,
+    seq_len: int = 0,
+) -> TaskBatch:
+    """A deterministic batch for ``seed``.
+
+    Each row packs independent examples ``expr=A;`` until ``seq_len`` tokens are filled (at least
+    one), so every row carries several supervised answers; difficulty is drawn uniformly from
+    [lo, hi] per example and answers alternate T/F, so labels are balanced.
+    """
+    if task not in TASKS:
+        raise LoopLMError(f"unknown synthetic task {task!r}; allowed: {', '.join(TASKS)}")
+    lo, hi = difficulty
+    if lo < 1 or hi < lo:
+        raise LoopLMError(f"difficulty range {difficulty} must satisfy 1 <= lo <= hi")
+    seq_len = min(seq_len, max_len) if seq_len > 0 else 0  # 0: one example per row
+    rng = random.Random(seed)
+    rows, k = [], 0
+    for _ in range(batch_size):
+        ids: list[int] = []
+        tgt: list[int] = []
+        dif: list[int] = []
+        while True:
+            depth = rng.randint(lo, hi)
+            text, ans = bool_logic_example(rng, depth, want=bool(k % 2))
+            ex = list((text + ans + ";").encode())
+            if len(ex) > max_len:
+                raise LoopLMError(
+                    f"difficulty {depth} gives a {len(ex)}-token example, longer than the "
+                    f"context {max_len}; lower the difficulty or raise model.context"
+                )
+            if ids and len(ids) + len(ex) > seq_len:
+                break
+            k += 1
+            eq = len(ids) + len(text) - 1  # position of '=': predicts the answer
+            ids += ex
+            tgt += [-100] * len(ex)
+            dif += [0] * len(ex)
+            tgt[eq], dif[eq] = ord(ans), depth
+            if len(ids) >= seq_len:  # always true for seq_len = 0
+                break
+        rows.append((ids, tgt, dif))
+    L = max(len(r[0]) for r in rows)
+    x = torch.full((batch_size, L), PAD_ID, dtype=torch.long)
+    y = torch.full((batch_size, L), -100, dtype=torch.long)
+    d = torch.zeros((batch_size, L), dtype=torch.long)
+    for i, (ids, tgt, dif) in enumerate(rows):
+        x[i, : len(ids)] = torch.tensor(ids)
+        y[i, : len(ids)] = torch.tensor(tgt)
+        d[i, : len(ids)] = torch.tensor(dif)
+    return TaskBatch(x, y, d)
+
+
+@torch.no_grad()
+def task_accuracy(
+    model: torch.nn.Module,
+    task: str,
+    loops: int,
+    difficulty: tuple[int, int],
+    n_examples: int,
+    seed: int,
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
+    """Accuracy (argmax over the whole vocabulary at the answer position) and NLL at depth ``loops``."""
+    model.eval()
+    correct = total = 0
+    nll = 0.0
+    for b, start in enumerate(range(0, n_examples, batch_size)):
+        n = min(batch_size, n_examples - start)
+        batch = make_batch(task, n, difficulty, seed=seed * 7919 + b, max_len=model.config.context)
+        x, y = batch.input_ids.to(device), batch.targets.to(device)
+        (h,) = model.hidden_states(x, loops)
+        valid = y != -100
+        logits = model.readout(h[valid]).float()  # (N, V)
+        tgt = y[valid]
+        correct += int((logits.argmax(-1) == tgt).sum())
+        total += int(tgt.numel())
+        nll += float(torch.nn.functional.cross_entropy(logits, tgt, reduction="sum"))
+    return {
+        "accuracy": correct / total,
+        "n_correct": correct,
+        "n_examples": total,
+        "sum_nll": nll,
+        "n_tokens": total,
+        "chance": 0.5,
+    }

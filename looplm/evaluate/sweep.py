@@ -1,0 +1,112 @@
+"""Fixed-depth sweep: one set of weights evaluated at every loop depth T.
+
+Language modelling: token-weighted mean NLL over every evaluated token, then PPL = exp(NLL).
+Synthetic tasks: accuracy at the answer positions (argmax over the whole vocabulary), plus NLL.
+All depths come from one unroll per batch (cost of the deepest T, not the sum of all T).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from looplm.data.sources import DataSource
+
+
+@torch.no_grad()
+def depth_sweep(
+    model: torch.nn.Module,
+    source: DataSource,
+    depths: list[int],
+    *,
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+    n_examples: int = 512,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """One result dict per depth: ``depth, n_tokens, sum_nll, nll, ppl`` (+ accuracy for tasks)."""
+    from tqdm.auto import tqdm
+
+    model.eval()
+    depths = sorted({int(d) for d in depths})
+    acc = {T: {"sum_nll": 0.0, "n_tokens": 0, "n_correct": 0} for T in depths}
+    t0 = time.perf_counter()
+    batches = source.eval_batches(batch_size, max_tokens, n_examples)
+    for x, y in tqdm(batches, disable=not progress, desc="eval", leave=False):
+        x, y = x.to(device), y.to(device)
+        valid = y != -100
+        tgt = y[valid]  # (N,)
+        for T, h in model.iter_depths(x, depths):
+            logits = model.readout(h[valid]).float()  # (N, V)
+            a = acc[T]
+            a["sum_nll"] += float(F.cross_entropy(logits, tgt, reduction="sum"))
+            a["n_tokens"] += int(tgt.numel())
+            a["n_correct"] += int((logits.argmax(-1) == tgt).sum())
+    wall = time.perf_counter() - t0
+    out = []
+    for T in depths:
+        a = acc[T]
+        nll = a["sum_nll"] / max(a["n_tokens"], 1)
+        row: dict[str, Any] = {"depth": T, **a, "nll": nll, "ppl": math.exp(min(nll, 700.0))}
+        if source.is_task:
+            row["accuracy"] = a["n_correct"] / max(a["n_tokens"], 1)
+            row["n_examples"] = a["n_tokens"]
+            row["chance"] = 0.5
+        else:
+            row.pop("n_correct")
+        row["sweep_wall_s"] = wall
+        out.append(row)
+    return out
+
+
+def evaluate_checkpoint(
+    path: str,
+    depths: list[int],
+    *,
+    dataset: str | None = None,
+    split: str | None = None,
+    data_dir: str | None = None,
+    max_tokens: int | None = None,
+    batch_size: int | None = None,
+    device: str = "auto",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Load a checkpoint and sweep ``depths`` on its evaluation data (or another dataset/split)."""
+    from looplm.checkpoint import load_checkpoint
+    from looplm.data.sources import make_source
+    from looplm.train import resolve_device
+
+    dev = resolve_device(device)
+    model, cfg, meta = load_checkpoint(path, map_location=dev)
+    if dataset:
+        cfg.data.dataset = dataset
+    if split:
+        cfg.data.eval_split = split
+    if data_dir:
+        cfg.data.data_dir = data_dir
+    source = make_source(cfg.data, cfg.model, cfg.train.seed)
+    rows = depth_sweep(
+        model,
+        source,
+        depths,
+        batch_size=batch_size or cfg.eval.batch_size,
+        max_tokens=max_tokens if max_tokens is not None else cfg.eval.max_tokens,
+        n_examples=cfg.eval.n_examples,
+        device=dev,
+        progress=progress,
+    )
+    return {
+        "checkpoint": str(path),
+        "method": cfg.model.recurrence,
+        "preset": cfg.model.preset,
+        "dataset": cfg.data.dataset,
+        "split": cfg.data.eval_split,
+        "seed": cfg.train.seed,
+        "step": meta["state"].get("step"),
+        "results": rows,
+    }
