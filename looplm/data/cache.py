@@ -408,7 +408,11 @@ def sample_windows(
         raise LoopLMError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
     if n < seq_len + 1:
         raise LoopLMError(f"{n} tokens are too few for windows of seq_len={seq_len} (+1 target)")
-    starts = torch.randint(0, n - seq_len, (batch_size,), generator=generator).numpy()  # (B,)
+    starts = (
+        torch.randint(0, n - seq_len, (batch_size,), generator=generator, device=generator.device)
+        .cpu()
+        .numpy()
+    )  # (B,)
     idx = starts[:, None] + np.arange(seq_len + 1)  # (B, L+1)
     chunk = torch.from_numpy(tokens[idx].astype(np.int64))  # (B, L+1)
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()  # (B, L), (B, L)

@@ -529,9 +529,9 @@ def _resolve_hf(name: str, split: str, counts: SplitCounts | None) -> ResolvedSp
     if datasets is None:
         raise LoopLMError(
             f"no local source for {name!r} and the optional package 'datasets' is not installed: "
-            f"pass a local copy (--source PATH, e.g. the shared data folder's copy) or run "
-            f"`pip install 'looplm[data]'` on a machine with network access "
-            f"(it reads {dataset_id}{'/' + config if config else ''})"
+            f"pass a local copy (--source PATH, or --data-dir / data.data_dir / $LOOPLM_DATA_DIR "
+            f"naming a folder laid out like the shared data), or run `pip install 'looplm[data]'` "
+            f"on a machine with network access (it reads {dataset_id}{'/' + config if config else ''})"
         )
     source = {"kind": "hf", "dataset": dataset_id, "config": config}
 
