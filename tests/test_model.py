@@ -70,7 +70,7 @@ def test_scse_step_matches_eqs_3_to_5() -> None:
     assert torch.equal(nxt[1:], delta[1:]) and not torch.equal(nxt[0], delta[0])
     # Listing 1 computed in hidden coordinates agrees with the Δ-coordinate unroll
     h = out.states[0]
-    for t in range(2):
+    for _ in range(2):
         d = h - anchor
         q = 0.5 * model.block(d) * (d.pow(2).sum(dim=(1, 2), keepdim=True) > eps).to(d.dtype)
         h = anchor + d + q
