@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "looplm.commands.evaluate",
     "looplm.commands.demo",
     "looplm.commands.data",
+    "looplm.commands.methods",
     "looplm.commands.report",
 ]
 

@@ -1,6 +1,6 @@
 """Registered recurrences. Importing a module registers its methods."""
 
-from looplm.model.recurrences import adapters, looped, scse  # noqa: F401
+from looplm.model.recurrences import adapters, controls, gated, hyper, looped, scse  # noqa: F401
 from looplm.model.recurrences.base import (
     LoopContext,
     Recurrence,

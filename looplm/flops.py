@@ -1,0 +1,109 @@
+"""FLOP and parameter accounting.
+
+FLOPs follow the paper's per-token matrix-multiplication proxy exactly (Appendix "Compute and
+Token-Budget Accounting")::
+
+    FLOPs_body,token(T)      = N_body(T) · (8d² + 6·d·d_ff + 4·L·d)          (Eq. 20)
+    FLOPs_body+head,token(T) = FLOPs_body,token(T) + 2·d·|V|                  (Eq. 21)
+
+with ``N_body(T) = c_body · T`` for a shared-block recurrence (c_body = the recurrence's
+``body_calls_per_step``: 1, or 2 for the subtractive controls) and ``N_body(T) = min(T, N_layers)``
+for the unshared Transformer. ``4·L·d`` is the dense L×L causal-mask attention term. As in the paper,
+the proxy omits normalisation, softmax, nonlinearities, elementwise work and architecture-specific
+anchor, initial-state, source, gate, FiLM and lane-mixing paths.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from looplm.config import model_config
+from looplm.errors import LoopLMError
+
+
+def _c_body(recurrence: str) -> int:
+    if recurrence == "unshared":
+        return 1
+    from looplm.model.recurrences import get_recurrence_class
+
+    return int(get_recurrence_class(recurrence).body_calls_per_step)
+
+
+def flops(preset: str, recurrence: str, loops: int, seq_len: int = 128) -> dict[str, Any]:
+    """Per-token FLOP proxies of Eqs. 20–21 for ``recurrence`` at ``preset``, depth ``loops``.
+
+    Returns ``{"body", "body_head", "head", "per_body", "n_body", "c_body", "d_model", "d_ff",
+    "seq_len", "vocab_size"}``; ``body`` and ``body_head`` are FLOPs per token (integers).
+    ``flops("22m", "scse", 8)["body"] == 39_321_600`` (the paper's 39.3M).
+    """
+    if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
+        raise LoopLMError(f"loops={loops!r}: the loop depth T must be an integer >= 1")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise LoopLMError(f"seq_len={seq_len!r} must be a positive integer")
+    cfg = model_config(preset, recurrence)
+    c_body = _c_body(recurrence)
+    d, ff, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    n_body = min(loops, cfg.n_layers) if recurrence == "unshared" else c_body * loops
+    per_body = 8 * d * d + 6 * d * ff + 4 * seq_len * d  # Eq. 20, one body application
+    body = n_body * per_body
+    head = 2 * d * V  # Eq. 21, tied vocabulary projection
+    return {
+        "body": body,
+        "body_head": body + head,
+        "head": head,
+        "per_body": per_body,
+        "n_body": n_body,
+        "c_body": c_body,
+        "d_model": d,
+        "d_ff": ff,
+        "seq_len": seq_len,
+        "vocab_size": V,
+    }
+
+
+def parameter_count(preset: str, recurrence: str, **overrides: Any) -> dict[str, int]:
+    """Parameters of ``build_model(preset, recurrence, **overrides)``, counted without weights.
+
+    The model is built on the ``meta`` device (no memory, no initialisation cost), so the 136.5M
+    preset counts in milliseconds. Returns ``{"total", "trainable", "embedding", "body",
+    "recurrence", "other"}``; the tied head is counted once, in ``embedding``.
+    """
+    import torch
+
+    from looplm.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(preset, recurrence, **overrides)
+    groups = {"embedding": 0, "body": 0, "recurrence": 0, "other": 0}
+    for name, p in model.named_parameters():
+        top = name.split(".", 1)[0]
+        if top in ("tok_emb", "pos_emb"):
+            groups["embedding"] += p.numel()
+        elif top in ("block", "layers"):
+            groups["body"] += p.numel()
+        elif top == "recurrence":
+            groups["recurrence"] += p.numel()
+        else:
+            groups["other"] += p.numel()
+    return {
+        "total": model.num_parameters(),
+        "trainable": model.num_parameters(trainable_only=True),
+        **groups,
+    }
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``looplm.flops(...)`` work whichever object ``looplm.flops`` names.
+
+    ``looplm`` exports the function :func:`flops`, but importing this submodule (``from looplm.flops
+    import parameter_count``) rebinds the package attribute ``looplm.flops`` to the module; the
+    module therefore forwards calls to the function.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return flops(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
