@@ -106,6 +106,18 @@ def test_bytes_tokenizer_cache(tmp_path):
     assert bytes(toks[toks != 256].astype(np.uint8)) == raw
 
 
+def test_c4_sample_caches_add_up_to_the_published_token_count(tmp_path):
+    src = require_data("c4-sample")
+    caches = [
+        prepare("c4", s, "gpt2", src, tmp_path, counts=(800, 100, 100))
+        for s in ("train", "validation", "test")
+    ]
+    assert [c.meta["n_documents"] for c in caches] == [800, 100, 100]
+    assert [c.meta["rule"]["slice"] for c in caches] == [[0, 800], [800, 900], [900, 1000]]
+    # SOURCE.md: 478,224 GPT-2 tokens over the 1,000 texts, each encoded separately
+    assert sum(c.n_tokens for c in caches) - 1000 == 478_224
+
+
 def test_stale_source_is_detected(small_wiki, tmp_path, caplog):
     out = tmp_path / "cache"
     first = prepare("wikitext-2", "validation", "gpt2", small_wiki, out)
