@@ -21,6 +21,7 @@ from looplm.io import atomic_write_json, atomic_write_text
 
 DEPTHS = [1, 2, 4, 8, 12, 16, 24, 32, 48]
 DEFAULT_METHODS = ["scse", "looped", "tuned_adapter"]
+HARDER = (4, 5)  # evaluation difficulty beyond the training range 1–3
 # (steps, eval examples): default ≤ 5 min for three methods on 2 cores, quick ≤ 90 s.
 BUDGETS = {"default": (600, 1024), "quick": (150, 256)}
 
@@ -38,6 +39,13 @@ def forcing_bias(model: torch.nn.Module, x: torch.Tensor, steps: int = 48) -> di
         max_abs = max(max_abs, float(b.abs().max()))
         max_rel = max(max_rel, float(b.norm() / out.anchor.norm()))
     return {"max_abs": max_abs, "max_rel": max_rel}
+
+
+def above_chance_pvalue(n_correct: int, n: int, chance: float = 0.5) -> float:
+    """One-sided exact binomial p-value of doing at least this well by guessing."""
+    from scipy.stats import binomtest
+
+    return float(binomtest(n_correct, n, chance, alternative="greater").pvalue)
 
 
 def run_demo(
@@ -75,14 +83,25 @@ def run_demo(
         model, cfg, _ = load_checkpoint(out / method / "ckpt")
         source = make_source(cfg.data, cfg.model, cfg.train.seed)
         rows = depth_sweep(model, source, DEPTHS, batch_size=256, n_examples=n_eval)
+        cfg.data.eval_difficulty = list(HARDER)
+        harder = depth_sweep(
+            model,
+            make_source(cfg.data, cfg.model, cfg.train.seed),
+            DEPTHS,
+            batch_size=256,
+            n_examples=n_eval,
+        )
         x, _ = next(iter(source.eval_batches(32, None, 32)))
         fb = forcing_bias(model, x)
         results["methods"][method] = {
             "params": model.num_parameters(),
             "sweep": rows,
+            "sweep_harder": harder,
             "forcing_bias": fb,
             "train_seconds": time.perf_counter() - t0,
         }
+        for r in rows + harder:
+            r["p_above_chance"] = above_chance_pvalue(r["n_correct"], r["n_examples"])
         best = max(rows, key=lambda r: r["accuracy"])
         print(
             f"[demo] {method}: best accuracy {best['accuracy']:.3f} at T={best['depth']} "
@@ -134,15 +153,28 @@ def render_report(results: dict[str, Any]) -> str:
     for name, m in methods.items():
         fb = m["forcing_bias"]
         lines.append(f"| {name} | {fb['max_abs']:.3g} | {fb['max_rel']:.3g} |")
+    lines += [
+        "",
+        f"## Harder expressions (difficulty {HARDER[0]}–{HARDER[1]}, beyond the training range)",
+        "",
+        "| method | " + " | ".join(f"T={d}" for d in depths) + " |",
+        "|---|" + "---:|" * len(depths),
+    ]
+    for name, m in methods.items():
+        lines.append(
+            f"| {name} | " + " | ".join(f"{r['accuracy']:.3f}" for r in m["sweep_harder"]) + " |"
+        )
     lines += ["", "## What this run shows", ""]
     for name, m in methods.items():
-        accs = [r["accuracy"] for r in m["sweep"]]
         in_range = [r["accuracy"] for r in m["sweep"] if r["depth"] <= 8]
         beyond = [r["accuracy"] for r in m["sweep"] if r["depth"] > 8]
+        mean = lambda xs: f"{sum(xs) / len(xs):.3f}" if xs else "n/a"  # noqa: E731
+        best = max(m["sweep"], key=lambda r: r["accuracy"])
+        verdict = "above chance" if best["p_above_chance"] < 0.01 else "NOT above chance"
         lines.append(
-            f"- **{name}**: best {max(accs):.3f} (chance 0.50); mean over T ≤ 8 "
-            f"{sum(in_range) / len(in_range):.3f}, over T > 8 {sum(beyond) / len(beyond):.3f}; "
-            f"{'above' if max(accs) > 0.55 else 'NOT above'} chance."
+            f"- **{name}**: best {best['accuracy']:.3f} at T={best['depth']} (chance 0.50, "
+            f"one-sided binomial p = {best['p_above_chance']:.2g}: {verdict}); mean over "
+            f"T ≤ 8 {mean(in_range)}, over T > 8 {mean(beyond)}."
         )
     ranking = sorted(methods, key=lambda n: -max(r["accuracy"] for r in methods[n]["sweep"]))
     lines += [
@@ -173,9 +205,20 @@ def plot_depth_response(results: dict[str, Any], path: Path) -> None:
     for name, m in results["methods"].items():
         d = [r["depth"] for r in m["sweep"]]
         a = [r["accuracy"] for r in m["sweep"]]
-        ax.plot(d, a, marker="o", label=name)
+        ax.plot(d, a, marker="o", label=f"{name} (difficulty 1–3)")
+        color = ax.lines[-1].get_color()
         i = max(range(len(a)), key=a.__getitem__)
-        ax.plot(d[i], a[i], marker="*", markersize=14, color=ax.lines[-1].get_color())
+        ax.plot(d[i], a[i], marker="*", markersize=14, color=color)
+        hard = [r["accuracy"] for r in m.get("sweep_harder", [])]
+        if hard:
+            ax.plot(
+                d,
+                hard,
+                marker=".",
+                linestyle=":",
+                color=color,
+                label=f"{name} ({HARDER[0]}–{HARDER[1]})",
+            )
     ax.axhline(results["chance"], color="k", linestyle="--", linewidth=1, label="chance")
     ax.set_xscale("log", base=2)
     ax.set_xticks(results["depths"], [str(d) for d in results["depths"]])

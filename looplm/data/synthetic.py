@@ -1,11 +1,12 @@
 """Synthetic compositional tasks generated on the fly from a seed (seed 003, abstract 1).
 
-``bool_logic``: nested boolean expressions over T/F with ``&``, ``|``, ``^`` and ``~``; the
-difficulty is the nesting depth. Each level wraps the deeper sub-expression with an operator and a
-shallow partner, so the length grows linearly with depth (depth 8 is still ~60 characters) and
-train and test difficulty ranges can differ. Example (depth 3)::
+``bool_logic``: nested boolean expressions over T/F with ``&``, ``|``, ``^`` and ``~`` (each
+node negated with probability 0.1); the difficulty is the nesting depth. Each level combines the
+deeper sub-expression with a literal partner on a random side, so the length grows linearly with
+depth (depth 8 is ~35 characters) and train and test difficulty ranges can differ. Example
+(depth 3)::
 
-    ((~T|F)^(T&F))&T=F
+    (F|(T^~F))&T=T
 
 Token ids are UTF-8 bytes (the byte-level tokenizer: 0..255, end-of-text 256 pads). The model reads
 the expression and ``=`` and is supervised only at the ``=`` position, whose target is ``T`` or
@@ -34,13 +35,13 @@ def _expr(rng: random.Random, depth: int) -> tuple[str, bool]:
         s = "T" if v else "F"
     else:
         deep, dv = _expr(rng, depth - 1)
-        shallow, sv = _expr(rng, rng.randint(0, min(1, depth - 1)))
+        shallow, sv = _expr(rng, 0)
         op = rng.choice("&|^")
         left, right = (deep, shallow) if rng.random() < 0.5 else (shallow, deep)
         lv, rv = (dv, sv) if left is deep else (sv, dv)
         v = _OPS[op](lv, rv)
         s = f"({left}{op}{right})"
-    if rng.random() < 0.25:
+    if rng.random() < 0.1:
         s, v = "~" + s, not v
     return s, v
 
