@@ -1,0 +1,269 @@
+"""`looplm diagnose CHECKPOINT [CHECKPOINT …]`: the paper's mechanistic diagnostics.
+
+For each checkpoint: forcing bias b_t and raw b̃_t, energy ratio R_t (Eq. 9), anchor energy E_Δ,t,
+random-direction gain, anchor-start steering with the injection-gain dose-response, the
+bias-subtraction counterfactual with a numerical Lemma 1 check, and per-token convergence (KL per
+loop, convergence depth by token type). Writes ``OUT/<label>/diagnostics.json`` (+ steering
+arrays and figure), ``OUT/summary.json`` and the figures ``r_t.png``, ``anchor_steps.png``,
+``convergence.png``; with ``--store`` one results-store row per checkpoint (eval_tag
+``diagnostics``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+
+from looplm.errors import LoopLMError
+
+EVAL_TAG = "diagnostics"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diagnose",
+        help="mechanistic diagnostics: forcing bias, R_t, gain, steering, counterfactual, KL",
+        description=(
+            "Anchor-response diagnostics of looped checkpoints (paper Table 3, Figures 4-5, "
+            "Lemma 1) and per-token convergence (seed 003). Several checkpoints are compared in "
+            "one set of figures."
+        ),
+    )
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="checkpoint folder(s)")
+    p.add_argument(
+        "--data",
+        help="corpus (e.g. wikitext-2, a local text file) or synthetic task (bool_logic); "
+        "default: the checkpoint's own data config",
+    )
+    p.add_argument("--data-dir", help="folder with local corpora (e.g. ../shared/data)")
+    p.add_argument("--cache-dir", help="token cache folder")
+    p.add_argument("--split", help="split to draw inputs from (default: the run's eval split)")
+    p.add_argument("--out", default="runs/diagnostics", help="output folder")
+    p.add_argument("--loops", type=int, default=48, help="unroll depth T (default 48)")
+    p.add_argument("--batches", type=int, default=2, help="measured batches (default 2)")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per batch (default 4)")
+    p.add_argument("--seq-len", type=int, help="window length for corpora (default: context)")
+    p.add_argument("--store", help="results store (.sqlite) to add one row per checkpoint to")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument(
+        "--dtype",
+        default="float64",
+        choices=("float64", "float32"),
+        help="working precision (float64 keeps ε = 1e-3 finite differences exact enough)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe directions")
+    p.add_argument("--kl-threshold", type=float, default=1e-3, help="τ of the convergence depth")
+    p.add_argument(
+        "--steer-inputs", type=int, default=6, help="inputs of the steering rollouts (paper: 6)"
+    )
+    p.add_argument(
+        "--check-steps", type=int, default=4, help="steps of the Lemma 1 check (0: skip)"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (tiny models on a busy CPU often run fastest with 1)",
+    )
+    p.add_argument("--no-plots", action="store_true", help="write numbers only")
+    p.set_defaults(func=run)
+
+
+def config_hash(cfg) -> str:
+    """Hash of the model/data/training configuration without the seed (all seeds share it)."""
+    d = cfg.to_dict()
+    train = dict(d["train"])
+    train.pop("seed", None)
+    blob = json.dumps({"model": d["model"], "data": d["data"], "train": train}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _labels(entries: list[tuple[str, str, str]]) -> list[str]:
+    """Folder-safe labels: the method name, disambiguated by run name where methods repeat."""
+    methods = [m for _, m, _ in entries]
+    out, seen = [], set()
+    for _path, method, run_name in entries:
+        label = method if methods.count(method) == 1 else f"{method}-{run_name}"
+        label = re.sub(r"[^A-Za-z0-9_.+-]", "_", label)
+        base, k = label, 2
+        while label in seen:
+            label, k = f"{base}-{k}", k + 1
+        seen.add(label)
+        out.append(label)
+    return out
+
+
+def _run_name(path: Path, cfg) -> str:
+    if cfg.name:
+        return cfg.name
+    p = path.resolve()
+    return p.parent.name if p.name in ("ckpt", "final", "checkpoint", "last") else p.name
+
+
+def _fmt(v, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from looplm.checkpoint import load_checkpoint, read_meta
+    from looplm.config import config_from_dict
+    from looplm.diagnostics.inputs import load_batches
+    from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
+    from looplm.io import atomic_write_bytes, atomic_write_json
+    from looplm.train import resolve_device
+
+    if args.loops < 1:
+        raise LoopLMError(f"--loops {args.loops}: the loop depth T must be an integer >= 1")
+    for name in ("batches", "batch_size", "steer_inputs", "check_steps"):
+        v = getattr(args, name)
+        if v < (1 if name in ("batches", "batch_size") else 0):
+            raise LoopLMError(f"--{name.replace('_', '-')} {v} is out of range")
+    if args.device not in ("auto", "cpu", "cuda"):
+        raise LoopLMError(f"--device {args.device!r}; allowed: auto, cpu, cuda")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise LoopLMError(f"--threads {args.threads} must be >= 1")
+        torch.set_num_threads(args.threads)
+    dev = resolve_device(args.device)
+    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    out_dir = Path(args.out)
+
+    # Read every config first so a bad checkpoint fails before any long computation.
+    entries = []
+    for ck in args.checkpoints:
+        cfg = config_from_dict(read_meta(ck)["config"])
+        if cfg.model.recurrence == "unshared":
+            raise LoopLMError(
+                f"checkpoint {ck} is an unshared Transformer; the anchor diagnostics need a "
+                "looped model (a shared block with an anchor)"
+            )
+        entries.append((ck, cfg.model.recurrence, _run_name(Path(ck), cfg)))
+    labels = _labels(entries)
+
+    result_paths, rows = [], []
+    for (ck, method, _), label in zip(entries, labels):
+        model, cfg, meta = load_checkpoint(ck, map_location=dev)
+        model = model.to(dtype).eval()
+        batches, data_info, pad_id = load_batches(
+            cfg,
+            dataset=args.data,
+            split=args.split,
+            data_dir=args.data_dir,
+            cache_dir=args.cache_dir,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            n_batches=args.batches,
+            seed=cfg.train.seed,
+        )
+        tokenizer, tok_note = None, None
+        try:
+            from looplm.data import get_tokenizer
+
+            tokenizer = get_tokenizer(cfg.model.tokenizer)
+        except LoopLMError as exc:  # token types are then reported as "other"
+            tok_note = str(exc)
+        opts = DiagnoseOptions(
+            loops=args.loops,
+            kl_threshold=args.kl_threshold,
+            ref_depth=cfg.train.depth_max,
+            steer_inputs=min(args.steer_inputs, args.batch_size * args.batches),
+            check_steps=args.check_steps,
+            seed=args.seed,
+        )
+        print(f"diagnosing {ck} ({method}) on {data_info['dataset']}/{data_info['split']} ...")
+        results, arrays = diagnose_model(
+            model, batches, opts, tokenizer=tokenizer, pad_id=pad_id, progress=True
+        )
+        rec = model.recurrence
+        results = {
+            "label": label,
+            "checkpoint": str(ck),
+            "method": method,
+            "equation": getattr(rec, "equation", ""),
+            "reference": getattr(rec, "reference", ""),
+            "preset": cfg.model.preset,
+            "step": meta.get("state", {}).get("step"),
+            "seed": cfg.train.seed,
+            "model_hash": config_hash(cfg),
+            "data": data_info,
+            "tokenizer_note": tok_note,
+            **results,
+        }
+        sub = out_dir / label
+        atomic_write_json(sub / "diagnostics.json", results)
+        if arrays:
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            atomic_write_bytes(sub / "steering.npz", buf.getvalue())
+        result_paths.append(sub / "diagnostics.json")
+        rows.append(results)
+        if args.store:
+            _store(args.store, cfg, results)
+
+    summary = {
+        r["label"]: {"checkpoint": r["checkpoint"], "method": r["method"], **r["summary"]}
+        for r in rows
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    figures = []
+    if not args.no_plots:
+        from looplm.diagnostics.plots import render_figures
+
+        figures = render_figures(out_dir, result_paths)
+
+    head = f"{'label':<16} {'R_0':>8} {'R_last':>8} {'max|b|':>8} {'max|b~|':>8} "
+    head += f"{'E_D,last':>9} {'gain_0':>8} {'gain_last':>9} {'E_T':>9} {'lemma1':>8} "
+    head += f"{'KL_2':>8} {'med.depth':>9}"
+    print(head)
+    for r in rows:
+        s = r["summary"]
+        print(
+            f"{r['label']:<16} {_fmt(s['R_t0']):>8} {_fmt(s['R_last']):>8} "
+            f"{_fmt(s['bias_max_abs']):>8} {_fmt(s['raw_bias_max_abs']):>8} "
+            f"{_fmt(s['anchor_energy_last']):>9} {_fmt(s['gain_t0'], '.4g'):>8} "
+            f"{_fmt(s['gain_last'], '.5g'):>9} {_fmt(s['E_energy_T']):>9} "
+            f"{_fmt(s['lemma1_max_rel_error'], '.1e'):>8} {_fmt(s['kl_loop2']):>8} "
+            f"{_fmt(s['median_convergence_depth']):>9}"
+        )
+    print(f"wrote {out_dir / 'summary.json'}" + (f" and {len(figures)} figures" if figures else ""))
+    return 0
+
+
+def _store(path: str, cfg, results: dict) -> None:
+    from looplm.results.store import EvalRecord, ResultsStore
+
+    s = results["summary"]
+    extra = {
+        **s,
+        "R_per_step": results["per_step"]["ratio"],
+        "gain_per_step": results["per_step"]["gain"],
+        "anchor_energy_per_step": results["per_step"]["anchor_energy"],
+        "kl_per_loop": results["convergence"]["kl_per_loop"],
+        "steering": results["steering"],
+        "checkpoint": results["checkpoint"],
+        "dtype": results["dtype"],
+        "batch_shape": results["batch_shape"],
+        "n_batches": results["n_batches"],
+    }
+    with ResultsStore(path) as store:
+        store.put(
+            EvalRecord(
+                model_hash=results["model_hash"],
+                method=results["method"],
+                protocol=cfg.name or "",
+                dataset=results["data"]["dataset"],
+                split=results["data"]["split"],
+                depth=results["loops"],
+                seed=results["seed"],
+                eval_tag=EVAL_TAG,
+                n_tokens=int(s["n_scored_tokens"] or 0),
+                sum_nll=float(s["sum_nll_T"] or 0.0),
+                extra=extra,
+            )
+        )

@@ -1,0 +1,304 @@
+"""All diagnostics of one looped model over measured batches, as plain numbers and arrays.
+
+:func:`diagnose_model` runs, per batch of fixed shape (B, L): the ordinary unroll to T, the pointwise
+anchor response (b_t, b̃_t, R_t, E_Δ,t, random-direction gain), the bias-subtraction counterfactual
+E_t of Eq. 10 with its effect on the NLL at T, and the per-token convergence statistics; then, once,
+the anchor-start steering rollouts on the first inputs and the numerical Lemma 1 / Theorem 2 /
+Corollary 3 check on a small float64 slice with the raw (pre-mask) map. Batch values are averaged
+over batches (the paper's aggregation for R_t). Results are JSON-ready (NaN → None).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from looplm.diagnostics.anchor import AnchorMap, anchor_response, mean_square
+from looplm.diagnostics.convergence import (
+    DEFAULT_KL_THRESHOLD,
+    TOKEN_TYPES,
+    convergence_depth,
+    depth_by_type,
+    relative_state_change,
+    successive_kl,
+    token_types,
+)
+from looplm.diagnostics.counterfactual import bias_subtraction, counterfactual_check
+from looplm.diagnostics.gain import EPS_FD, N_DIRECTIONS
+from looplm.diagnostics.steering import DOSE_GAINS, anchor_start_steering
+from looplm.errors import LoopLMError
+
+
+@dataclass
+class DiagnoseOptions:
+    """Settings of :func:`diagnose_model` (paper defaults where the paper gives one)."""
+
+    loops: int = 48  # T of the unroll (Table 3 uses 48)
+    n_dirs: int = N_DIRECTIONS  # random probe directions for the gain
+    eps_fd: float = EPS_FD  # finite-difference step of the gain
+    kl_threshold: float = DEFAULT_KL_THRESHOLD  # τ of the per-token convergence depth
+    ref_depth: int = 8  # the largest trained depth (Figure 4's circle; "still updating at 8")
+    steer_inputs: int = 6  # anchor-start rollouts on this many inputs (the paper uses six)
+    dose_gains: tuple[float, ...] = DOSE_GAINS
+    check_steps: int = 4  # Lemma 1 check: steps, examples, tokens, quadrature nodes
+    check_examples: int = 2
+    check_tokens: int = 16
+    check_nodes: int = 16
+    power_iters: int = 10  # ‖A_t^sec‖₂ estimate for Corollary 3 (0: skip)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.loops < 1:
+            raise LoopLMError(f"loops={self.loops}: the loop depth T must be >= 1")
+        if self.n_dirs < 1 or self.eps_fd <= 0:
+            raise LoopLMError(f"n_dirs={self.n_dirs} must be >= 1 and eps_fd={self.eps_fd} > 0")
+        if self.kl_threshold <= 0:
+            raise LoopLMError(f"kl_threshold={self.kl_threshold} must be > 0")
+        if self.steer_inputs < 0 or self.check_steps < 0:
+            raise LoopLMError("steer_inputs and check_steps must be >= 0")
+
+
+def clean_json(obj):
+    """Replace NaN/inf by None recursively (strict JSON), tensors/numpy scalars by numbers."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, (torch.Tensor, np.ndarray, np.generic)):
+        return clean_json(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _mean_lists(rows: Sequence[Sequence[float]]) -> list[float]:
+    return np.asarray(rows, dtype=np.float64).mean(axis=0).tolist()
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    import os
+    import sys
+
+    from tqdm.auto import tqdm
+
+    disable = (
+        (not enabled) or os.environ.get("LOOPLM_NO_PROGRESS") == "1" or not sys.stderr.isatty()
+    )
+    return tqdm(total=total, desc=desc, disable=disable, leave=False)
+
+
+@torch.no_grad()
+def _nll_sum(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
+    valid = targets != -100
+    if not bool(valid.any()):
+        return 0.0, 0
+    logits = model.readout(h[valid]).double()  # (N, V)
+    return float(F.cross_entropy(logits, targets[valid], reduction="sum")), int(valid.sum())
+
+
+def _check_slice(model, ids: torch.Tensor, opts: DiagnoseOptions) -> dict:
+    """Lemma 1 / Theorem 2 / Corollary 3 on a float64 copy with the raw map (see module doc)."""
+    m64 = copy.deepcopy(model).double().eval()
+    for p in m64.parameters():
+        p.requires_grad_(False)
+    x = ids[: opts.check_examples, : opts.check_tokens]
+    with torch.no_grad():
+        out = m64(x, loops=1, return_states=True)
+    tmap = AnchorMap(m64, out.context, mask=False)
+    delta0 = out.states[0] - out.context.anchor
+    res = counterfactual_check(
+        tmap,
+        delta0,
+        opts.check_steps,
+        n_nodes=opts.check_nodes,
+        power_iters=opts.power_iters,
+        generator=torch.Generator().manual_seed(opts.seed + 7),
+    )
+    res["map"] = "raw (pre-mask)"
+    res["slice_shape"] = list(x.shape)
+    return res
+
+
+def diagnose_model(
+    model: torch.nn.Module,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    opts: DiagnoseOptions | None = None,
+    *,
+    tokenizer=None,
+    pad_id: int | None = None,
+    progress: bool = True,
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """Run every diagnostic on ``batches`` of (input_ids, targets), all of one shape (B, L).
+
+    Args:
+        model: a looped model (``model.is_looped``), already on its device, dtype and eval mode.
+        batches: measured batches; targets use -100 for unscored positions.
+        opts: settings; defaults follow the paper.
+        tokenizer: decodes ids for the token-type breakdown (None: all tokens typed ``other``).
+        pad_id: positions holding this id are left out of the convergence statistics.
+        progress: show a progress bar (on a TTY, unless LOOPLM_NO_PROGRESS=1).
+
+    Returns:
+        (results dict, arrays for the steering figure).
+    """
+    opts = opts or DiagnoseOptions()
+    opts.validate()
+    if not getattr(model, "is_looped", False):
+        raise LoopLMError("diagnostics need a looped model with a shared block and an anchor")
+    if not batches:
+        raise LoopLMError("no batches to measure (check --batches and the data)")
+    shapes = {tuple(x.shape) for x, _ in batches}
+    if len(shapes) != 1:
+        raise LoopLMError(f"measured batches must share one shape, got {sorted(shapes)}")
+    model.eval()
+    device = next(model.parameters()).device
+    T = opts.loops
+    gen = torch.Generator().manual_seed(opts.seed)
+    t_start = time.time()
+
+    per_batch: dict[str, list] = {}
+    kl_sum = torch.zeros(T, dtype=torch.float64)
+    chg_sum = torch.zeros(T, dtype=torch.float64)
+    n_tok = 0
+    depths, types_all, valid_all, kl_ref_all = [], [], [], []
+    nll = nll_bar = 0.0
+    n_scored = 0
+    bar = _progress(len(batches), "diagnose", progress)
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        out = model(x, loops=T, return_states=True)
+        ctx, states = out.context, out.states
+        # pointwise anchor response and gain
+        res = anchor_response(
+            model,
+            ctx,
+            states,
+            n_dirs=opts.n_dirs,
+            eps_fd=opts.eps_fd,
+            generator=gen,
+            keep_bias=True,
+        )
+        biases = res.pop("bias")
+        for k, v in res.items():
+            per_batch.setdefault(k, []).append(v)
+        # bias-subtraction counterfactual (Eq. 10) with the model's own map
+        cf = bias_subtraction(
+            AnchorMap(model, ctx, mask=True), states[0] - ctx.anchor, T, biases=biases
+        )
+        del biases
+        per_batch.setdefault("E_energy", []).append(cf["E_energy"])
+        s, n = _nll_sum(model, ctx.anchor + cf["delta_T"], y)
+        s_bar, _ = _nll_sum(model, ctx.anchor + cf["delta_bar_T"], y)
+        nll, nll_bar, n_scored = nll + s, nll_bar + s_bar, n_scored + n
+        # convergence
+        kl = successive_kl(model.readout, states).cpu()  # (T, B, L)
+        chg = relative_state_change(states).cpu()
+        valid = torch.ones(x.shape, dtype=torch.bool) if pad_id is None else (x != pad_id).cpu()
+        kl_sum += (kl * valid).sum(dim=(1, 2))
+        chg_sum += (chg * valid).sum(dim=(1, 2))
+        n_tok += int(valid.sum())
+        depths.append(convergence_depth(kl, opts.kl_threshold))
+        kl_ref_all.append(kl[min(opts.ref_depth, T) - 1])
+        valid_all.append(valid)
+        if tokenizer is not None:
+            types_all.append(token_types(x.cpu(), tokenizer))
+        else:
+            types_all.append(torch.full(x.shape, TOKEN_TYPES.index("other"), dtype=torch.long))
+        bar.update(1)
+    bar.close()
+
+    mean = {k: _mean_lists(v) for k, v in per_batch.items() if k != "gain_std"}
+    g_means = np.asarray(per_batch["gain"])  # (n_batches, T)
+    g_std = np.asarray(per_batch["gain_std"])
+    mean["gain_std"] = np.sqrt((g_std**2).mean(0) + g_means.var(0)).tolist()
+
+    depth = torch.cat([d.flatten() for d in depths])
+    types = torch.cat([t.flatten() for t in types_all])
+    valid = torch.cat([v.flatten() for v in valid_all])
+    kl_ref = torch.cat([k.flatten() for k in kl_ref_all])[valid]
+    d_valid = depth[valid].double()
+    convergence = {
+        "threshold": opts.kl_threshold,
+        "kl_per_loop": (kl_sum / max(n_tok, 1)).tolist(),  # t = 1 … T
+        "state_change_per_loop": (chg_sum / max(n_tok, 1)).tolist(),
+        "n_tokens": n_tok,
+        "mean_depth": float(d_valid.mean()) if d_valid.numel() else None,
+        "median_depth": float(d_valid.median()) if d_valid.numel() else None,
+        "not_converged_frac": float((d_valid > T).double().mean()) if d_valid.numel() else None,
+        "ref_depth": min(opts.ref_depth, T),
+        "still_updating_frac_at_ref_depth": float((kl_ref >= opts.kl_threshold).double().mean())
+        if kl_ref.numel()
+        else None,
+        "depth_by_type": depth_by_type(depth, types, T, valid),
+        "token_types_from": getattr(tokenizer, "name", None),
+    }
+
+    # anchor-start steering on the first inputs
+    steering, arrays = None, {}
+    if opts.steer_inputs > 0:
+        x0 = torch.cat([x for x, _ in batches])[: opts.steer_inputs].to(device)
+        with torch.no_grad():
+            ctx0 = model.prepare(x0)
+        steering, arrays = anchor_start_steering(
+            model, ctx0, T, gains=opts.dose_gains, ref_depth=opts.ref_depth
+        )
+
+    check = None
+    if opts.check_steps > 0:
+        check = _check_slice(model, batches[0][0].to(device), opts)
+
+    B, L = batches[0][0].shape
+    last = T - 1
+    summary = {
+        "bias_energy_t0": mean["bias_energy"][0],
+        "bias_energy_last": mean["bias_energy"][last],
+        "bias_max_abs": max(max(r) for r in per_batch["bias_max_abs"]),
+        "raw_bias_max_abs": max(max(r) for r in per_batch["raw_bias_max_abs"]),
+        "R_t0": mean["ratio"][0],
+        "R_last": mean["ratio"][last],
+        "anchor_energy_last": mean["anchor_energy"][last],  # E_Δ,T−1 (the paper's E_Δ,47)
+        "anchor_energy_T": mean["anchor_energy"][T],
+        "gain_t0": mean["gain"][0],
+        "gain_last": mean["gain"][last],
+        "E_energy_T": mean["E_energy"][T],
+        "nll_T": nll / n_scored if n_scored else None,
+        "nll_T_bias_subtracted": nll_bar / n_scored if n_scored else None,
+        "n_scored_tokens": n_scored,
+        "sum_nll_T": nll,
+        "kl_loop2": convergence["kl_per_loop"][1] if T >= 2 else None,
+        "kl_last": convergence["kl_per_loop"][last],
+        "median_convergence_depth": convergence["median_depth"],
+        "lemma1_max_rel_error": check["lemma1_max_rel_error"] if check else None,
+        "last_step": last,
+    }
+    results = {
+        "loops": T,
+        "batch_shape": [int(B), int(L)],
+        "n_batches": len(batches),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "device": str(device),
+        "options": asdict(opts),
+        "summary": summary,
+        "per_step": mean,
+        "steering": steering,
+        "counterfactual": {
+            "map": "masked (the model's own map)",
+            "E_energy": mean["E_energy"],
+            "nll_T": summary["nll_T"],
+            "nll_T_bias_subtracted": summary["nll_T_bias_subtracted"],
+            "check": check,
+        },
+        "convergence": convergence,
+        "elapsed_s": time.time() - t_start,
+    }
+    return clean_json(results), arrays
+
+
+__all__ = ["DiagnoseOptions", "clean_json", "diagnose_model", "mean_square"]
