@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "looplm.commands.data",
     "looplm.commands.methods",
     "looplm.commands.report",
+    "looplm.commands.diagnose",
 ]
 
 
