@@ -120,6 +120,8 @@ class TrainConfig:
     ckpt_every: int = 0  # 0: only at the end
     nonfinite: str = "skip"  # skip | stop
     tensorboard: bool = False
+    parallel: str = "ddp"  # under torchrun (WORLD_SIZE > 1): ddp | fsdp (FSDP2 fully_shard)
+    peak_tflops: float = 790.0  # MFU denominator per GPU (H200 dense bf16, measured); 0: no MFU
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "depth_min", "depth_max", "log_every")
@@ -134,11 +136,14 @@ class TrainConfig:
             ("autocast", ("auto", "bf16", "off")),
             ("objective", ("final", "per_step")),
             ("nonfinite", ("skip", "stop")),
+            ("parallel", ("ddp", "fsdp")),
         ):
             if getattr(self, key) not in allowed:
                 raise LoopLMError(
                     f"train.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
                 )
+        if self.peak_tflops < 0:
+            raise LoopLMError(f"train.peak_tflops={self.peak_tflops} must be >= 0")
         if self.truncate_k < 0 or self.warmup < 0:
             raise LoopLMError("train.truncate_k and train.warmup must be >= 0")
 

@@ -8,6 +8,16 @@ rank, since it comes from the run seed and the step), accumulate ``grad_accum`` 
 the global gradient norm, step AdamW with a cosine schedule after linear warmup. A non-finite loss or
 gradient skips the update (or stops the run) without touching weights or optimizer state. SIGTERM and
 SIGINT write a checkpoint before exiting. Metrics go to ``<out_dir>/metrics.jsonl``.
+
+The loss of a step is the token mean over the whole global batch (all ranks, all micro-batches):
+each micro-batch contributes its summed NLL divided by the global supervised-token count (known to
+every rank without communication, since batches are pure functions of the step), so 2 ranks × b
+rows, 1 process × 2b rows and b rows × 2 accumulation steps give the same gradient.
+
+Distributed runs (``torchrun``; DDP or FSDP2 by ``train.parallel``) are wrapped in
+:mod:`looplm.distributed`; this module only calls its helpers. ``train.compile`` compiles each
+Transformer block in place (regional compilation): one compiled graph serves every loop step and
+every sampled T, where compiling the whole unrolled model would recompile for each T.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import json
 import math
 import os
 import random
+import resource
 import signal
 import sys
 import time
@@ -31,10 +42,22 @@ import torch
 from looplm.checkpoint import load_checkpoint, load_optimizer_state, read_meta, save_checkpoint
 from looplm.config import RunConfig, dump_config
 from looplm.data.sources import DataSource, make_source, step_seed
-from looplm.distributed import DistInfo, init_distributed
+from looplm.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    any_rank,
+    barrier,
+    cleanup,
+    full_tensor,
+    grad_sync,
+    init_distributed,
+    sharded_optimizer_loader,
+    state_views,
+)
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model import model_from_config
+from looplm.model.block import Block
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -74,8 +97,13 @@ def autocast_context(cfg: RunConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
-def make_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device):
-    """AdamW; ≥2-D weights decay, norms/scalar gains do not; frozen parameters are left out."""
+def make_optimizer(
+    model: torch.nn.Module, cfg: RunConfig, device: torch.device, fused: bool | None = None
+):
+    """AdamW; ≥2-D weights decay, norms/scalar gains do not; frozen parameters are left out.
+
+    ``fused`` (default: on GPU) selects the fused CUDA kernel.
+    """
     tc = cfg.train
     no_decay = model.no_decay_parameters()
     if hasattr(model, "recurrence"):
@@ -85,7 +113,8 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device)
         {"params": [p for p in params if id(p) not in no_decay], "weight_decay": tc.weight_decay},
         {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
     ]
-    extra = {"fused": True} if device.type == "cuda" else {}
+    fused = device.type == "cuda" if fused is None else fused
+    extra = {"fused": True} if fused else {}
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **extra)
 
 
@@ -119,9 +148,50 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def compile_blocks(model: torch.nn.Module) -> int:
+    """``torch.compile`` every Transformer block of ``model`` in place; returns how many."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, Block):
+            m.compile()
+            n += 1
+    return n
+
+
+def train_flops(model_cfg, loops: int, seq_len: int, n_input: int, n_supervised: int) -> float:
+    """Training FLOPs of one step by the paper's proxy (Eqs. 20–21), ×3 for forward + backward.
+
+    Body: ``N_body(T)·(8d² + 6·d·d_ff + 4·L·d)`` per input token; head: ``2·d·|V|`` per
+    supervised token (the loss reads out supervised positions only). Matches
+    ``looplm.flops(preset, recurrence, T, L)`` for a preset's own shape.
+    """
+    d, ff, V = model_cfg.d_model, model_cfg.d_ff, model_cfg.vocab_size
+    if model_cfg.recurrence == "unshared":
+        n_body = min(loops, model_cfg.n_layers)
+    else:
+        from looplm.model.recurrences import get_recurrence_class
+
+        n_body = get_recurrence_class(model_cfg.recurrence).body_calls_per_step * loops
+    body = n_body * (8 * d * d + 6 * d * ff + 4 * seq_len * d)
+    return 3.0 * (body * n_input + 2 * d * V * n_supervised)
+
+
+def peak_memory_mb(device: torch.device) -> tuple[str, float]:
+    """("peak_mem_mb", max allocated on the GPU) or ("peak_rss_mb", peak resident set on CPU)."""
+    if device.type == "cuda":
+        return "peak_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return "peak_rss_mb", rss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
 @dataclass
 class TrainState:
-    """Everything :func:`fit` carries between steps."""
+    """Everything :func:`fit` carries between steps.
+
+    ``model`` is what a training step calls: the bare model in a single process, or the DDP/FSDP
+    wrapper (whose forward is the loss) in a distributed run; ``raw_model`` is always the bare
+    model; ``wrapped`` the distributed wrapper or None.
+    """
 
     cfg: RunConfig
     model: torch.nn.Module
@@ -132,19 +202,28 @@ class TrainState:
     step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     raw_model: torch.nn.Module | None = None
+    wrapped: torch.nn.Module | None = None
+
+    @property
+    def fsdp(self) -> bool:
+        return self.wrapped is not None and self.cfg.train.parallel == "fsdp"
 
 
 def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) -> TrainState:
-    """Build model, optimizer and data; restore them from ``<out_dir>/ckpt`` when resuming."""
+    """Build model, optimizer and data; restore them from ``<out_dir>/ckpt`` when resuming.
+
+    Under torchrun the model is wrapped (``train.parallel``) before the optimizer is built, since
+    FSDP replaces parameters by shards. A checkpoint from any world size resumes here.
+    """
     device = resolve_device(cfg.train.device)
     dist = dist or init_distributed(device.type)
     if device.type == "cuda" and dist.enabled:
         device = torch.device("cuda", dist.local_rank)
     out = Path(cfg.out_dir)
     ckpt = out / "ckpt"
-    seed_everything(cfg.train.seed + dist.rank)
+    seed_everything(cfg.train.seed)  # the same initial weights on every rank
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cudnn.allow_tf32 = True
     step = 0
     if resume:
@@ -159,21 +238,27 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         step = int(meta["state"]["step"])
     else:
         model = model_from_config(cfg.model).to(device)
-    optimizer = make_optimizer(model, cfg, device)
+    if dist.enabled:
+        seed_everything(cfg.train.seed + dist.rank)  # per-rank dropout streams
+    if cfg.train.compile:
+        compile_blocks(model)
+    wrapped = None
+    if dist.enabled:
+        from looplm.distributed import wrap_model  # DDP/FSDP live in distributed.py
+
+        wrapped = wrap_model(model, cfg, dist, device)
+    fsdp = wrapped is not None and cfg.train.parallel == "fsdp"
+    # Fused AdamW on GPU; FSDP's sharded (DTensor) parameters take the foreach implementation.
+    optimizer = make_optimizer(model, cfg, device, fused=device.type == "cuda" and not fsdp)
     if resume:
-        load_optimizer_state(ckpt, optimizer)
+        load_optimizer_state(ckpt, sharded_optimizer_loader(optimizer) if fsdp else optimizer)
         rng = read_meta(ckpt)["state"].get("rng")
         if rng and not dist.enabled:
             _set_rng_state(rng)
     source = make_source(cfg.data, cfg.model, cfg.train.seed)
-    raw = model
-    if dist.enabled:
-        from looplm.distributed import wrap_model  # DDP/FSDP live in distributed.py
-
-        model = wrap_model(model, cfg, dist, device)
-    if cfg.train.compile:
-        model = torch.compile(model)
-    return TrainState(cfg, model, optimizer, source, device, dist, step, [], raw)
+    return TrainState(
+        cfg, wrapped or model, optimizer, source, device, dist, step, [], model, wrapped
+    )
 
 
 # ----------------------------------------------------------------------------- one step
@@ -181,40 +266,50 @@ def train_step(ts: TrainState) -> dict[str, Any]:
     """One optimizer step (with gradient accumulation). Returns its metrics."""
     cfg, tc = ts.cfg, ts.cfg.train
     model, opt = ts.model, ts.optimizer
+    core = ts.raw_model or model
     model.train()
     lr = get_lr(ts.step, cfg)
     for g in opt.param_groups:
         g["lr"] = lr
-    loops = sample_depth(ts.step, cfg)
-    core = ts.raw_model or model
-    loss_fn = (
-        core.loss if model is core else model
-    )  # wrapped models forward to loss (see distributed)
-    total = 0.0
-    n_tokens = 0
+    core_model = ts.raw_model or model
+    # Looped models draw T per step; an unshared Transformer always runs all its layers.
+    loops = sample_depth(ts.step, cfg) if core_model.is_looped else cfg.model.n_layers
+    world, rank = ts.dist.world_size, ts.dist.rank
+    # The step's loss is the token mean over the global batch: every rank knows its token count.
+    _, y_all = ts.source.global_batch(ts.step, tc.batch_size * world * tc.grad_accum)
+    n_global = int((y_all != -100).sum())
+    scale = world / max(n_global, 1)  # DDP/FSDP average gradients over ranks: undo the 1/world
+    kwargs = dict(
+        loops=loops,
+        objective=tc.objective,
+        truncate_k=tc.truncate_k,
+        checkpoint_loops=tc.checkpoint_loops,
+        reduction="sum",
+    )
+    local_sum = torch.zeros((), dtype=torch.float32, device=ts.device)
+    n_input = 0
+    seq_len = 0
     opt.zero_grad(set_to_none=True)
     for micro in range(tc.grad_accum):
-        x, y = ts.source.train_batch(ts.step, micro, tc.batch_size, ts.dist.rank)
+        x, y = ts.source.train_batch(
+            ts.step, micro, tc.batch_size, rank, world_size=world, grad_accum=tc.grad_accum
+        )
         x, y = x.to(ts.device, non_blocking=True), y.to(ts.device, non_blocking=True)
-        sync = contextlib.nullcontext()
-        if ts.dist.enabled and micro < tc.grad_accum - 1 and hasattr(model, "no_sync"):
-            sync = model.no_sync()  # all-reduce only on the last micro-batch
-        with sync, autocast_context(cfg, ts.device):
-            kwargs = dict(
-                loops=loops,
-                objective=tc.objective,
-                truncate_k=tc.truncate_k,
-                checkpoint_loops=tc.checkpoint_loops,
-            )
-            loss = loss_fn(x, y, **kwargs) if model is core else model(x, y, **kwargs)
-            (loss / tc.grad_accum).backward()
-        total += float(loss.detach())
-        n_tokens += int((y != -100).sum())
-    loss_val = total / tc.grad_accum
+        last = micro == tc.grad_accum - 1
+        # all-reduce / reduce-scatter only on the last micro-batch
+        with grad_sync(model, last), autocast_context(cfg, ts.device):
+            nll = core.loss(x, y, **kwargs) if model is core else model(x, y, **kwargs)
+            (nll * scale).backward()
+        local_sum += nll.detach().float()
+        n_input += x.numel()
+        seq_len = max(seq_len, x.shape[1])
     grad_norm = torch.nn.utils.clip_grad_norm_(
-        [p for p in model.parameters() if p.grad is not None], tc.clip
+        [p for p in core.parameters() if p.grad is not None], tc.clip
     )
-    finite = math.isfinite(loss_val) and bool(torch.isfinite(grad_norm))
+    grad_norm = float(full_tensor(grad_norm))
+    (total,) = all_reduce_sum([float(local_sum)], ts.dist, ts.device)
+    loss_val = total / max(n_global, 1)
+    finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
     if finite:
         opt.step()
     else:
@@ -222,41 +317,73 @@ def train_step(ts: TrainState) -> dict[str, Any]:
         if tc.nonfinite == "stop":
             raise LoopLMError(f"non-finite loss/gradient at step {ts.step} (train.nonfinite=stop)")
     ts.step += 1
+    n_input *= world
     return {
         "step": ts.step,
         "loss": loss_val,
         "lr": lr,
         "loops": loops,
-        "grad_norm": float(grad_norm),
-        "tokens": n_tokens * ts.dist.world_size,
+        "grad_norm": grad_norm,
+        "tokens": n_input,
+        "supervised_tokens": n_global,
+        "train_flops": train_flops(cfg.model, loops, seq_len, n_input, n_global),
         "skipped": not finite,
     }
 
 
+def _eval_stats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loops: int):
+    """tensor([Σ NLL, tokens, argmax hits]) of one batch at depth ``loops`` (chunked readout)."""
+    from looplm.model.loss import linear_nll_and_correct
+
+    (h,) = model.hidden_states(x, loops)
+    valid = y != -100
+    xn = model.norm_f(h[valid])  # (N, d)
+    nll, correct = linear_nll_and_correct(xn, model.tok_emb.weight, y[valid])
+    n = valid.sum()
+    return torch.stack([nll.double(), n.double(), correct.double()])
+
+
 @torch.no_grad()
 def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
-    """Token-weighted validation NLL (and accuracy for tasks) at depth ``loops``."""
+    """Token-weighted validation NLL (and accuracy for tasks) at depth ``loops``.
+
+    Distributed: the batches are split over ranks and the sums all-reduced (under FSDP every rank
+    makes the same number of forward calls, padding with a discarded batch).
+    """
     cfg = ts.cfg
     model = ts.raw_model or ts.model
-    loops = loops or cfg.train.depth_max
-    model.eval()
-    nll, n, correct = 0.0, 0, 0
-    for i, (x, y) in enumerate(
+    loops = loops or (cfg.train.depth_max if model.is_looped else cfg.model.n_layers)
+    limit = None if ts.source.is_task else cfg.train.eval_batches
+    batches = []
+    for i, b in enumerate(
         ts.source.eval_batches(cfg.eval.batch_size, cfg.eval.max_tokens, cfg.eval.n_examples)
     ):
-        if ts.source.is_task is False and i >= cfg.train.eval_batches:
+        if limit is not None and i >= limit:
             break
+        batches.append(b)
+    world, rank = ts.dist.world_size, ts.dist.rank
+    mine = batches[rank::world]
+    n_calls = -(-len(batches) // world) if ts.fsdp else len(mine)
+    model.eval()
+    if ts.wrapped is not None:
+        ts.wrapped.eval()
+    acc = torch.zeros(3, dtype=torch.float64, device=ts.device)
+    for i in range(n_calls):
+        keep = i < len(mine)
+        x, y = mine[i] if keep else batches[0]
         x, y = x.to(ts.device), y.to(ts.device)
         with autocast_context(cfg, ts.device):
-            (h,) = model.hidden_states(x, loops)
-            valid = y != -100
-            logits = model.readout(h[valid]).float()
-        tgt = y[valid]
-        nll += float(torch.nn.functional.cross_entropy(logits, tgt, reduction="sum"))
-        n += int(tgt.numel())
-        correct += int((logits.argmax(-1) == tgt).sum())
+            if ts.fsdp:  # through the FSDP root, which gathers the parameters
+                stats = ts.wrapped(x, y, fn=_eval_stats, loops=loops)
+            else:
+                stats = _eval_stats(model, x, y, loops)
+        if keep:
+            acc += stats
+    nll, n, correct = all_reduce_sum(acc.tolist(), ts.dist, ts.device)
     model.train()
-    out = {"val_loss": nll / max(n, 1), "val_loops": loops, "val_tokens": n}
+    if ts.wrapped is not None:
+        ts.wrapped.train()
+    out = {"val_loss": nll / max(n, 1), "val_loops": loops, "val_tokens": int(n)}
     if ts.source.is_task:
         out["val_accuracy"] = correct / max(n, 1)
     return out
@@ -272,16 +399,20 @@ class _StopFlag:
 
 
 def save(ts: TrainState) -> Path:
-    """Write ``<out_dir>/ckpt`` (rank 0)."""
+    """Write ``<out_dir>/ckpt`` (rank 0; under FSDP every rank helps gather the full state)."""
     path = Path(ts.cfg.out_dir) / "ckpt"
+    model, opt = ts.raw_model or ts.model, ts.optimizer
+    if ts.fsdp:
+        model, opt = state_views(model, opt)  # collective: full tensors on every rank
     if ts.dist.is_main:
         save_checkpoint(
             path,
-            ts.raw_model or ts.model,
+            model,
             ts.cfg,
-            optimizer=ts.optimizer,
-            state={"step": ts.step, "rng": _rng_state()},
+            optimizer=opt,
+            state={"step": ts.step, "rng": _rng_state(), "world_size": ts.dist.world_size},
         )
+    barrier(ts.dist)
     return path
 
 
@@ -304,8 +435,20 @@ def _open_metrics(out: Path, resume_step: int):
 def fit(
     cfg: RunConfig, resume: bool = False, progress: bool | None = None, quiet: bool = False
 ) -> dict[str, Any]:
-    """Train according to ``cfg``; returns the last metrics (and final validation numbers)."""
+    """Train according to ``cfg``; returns the last metrics (and final validation numbers).
+
+    Logged every ``log_every`` steps (rank 0): loss, lr, T, grad norm, tokens/s, MFU (GPU only:
+    the Eq. 20–21 proxy ×3 against ``train.peak_tflops`` per GPU) and peak memory (GPU: max
+    allocated; CPU: peak resident set).
+    """
     ts = setup(cfg, resume=resume)
+    try:
+        return _fit(ts, cfg, progress, quiet)
+    finally:
+        cleanup(ts.dist)
+
+
+def _fit(ts: TrainState, cfg: RunConfig, progress: bool | None, quiet: bool) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     if ts.dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -337,20 +480,27 @@ def fit(
         desc=f"train {cfg.model.recurrence}",
         dynamic_ncols=True,
     )
+    peak = cfg.train.peak_tflops * 1e12 * ts.dist.world_size if ts.device.type == "cuda" else 0.0
     last: dict[str, Any] = {}
     t0 = time.perf_counter()
-    tokens_since, t_since = 0, t0
+    tokens_since, flops_since, t_since = 0, 0.0, t0
     try:
         while ts.step < cfg.train.steps:
             m = train_step(ts)
             tokens_since += m["tokens"]
+            flops_since += m["train_flops"]
             bar.update(1)
             bar.set_postfix(loss=f"{m['loss']:.3f}", T=m["loops"])
             if ts.step % cfg.train.log_every == 0 or ts.step == cfg.train.steps:
                 now = time.perf_counter()
-                m["tok_per_s"] = tokens_since / max(now - t_since, 1e-9)
+                dt = max(now - t_since, 1e-9)
+                m["tok_per_s"] = tokens_since / dt
+                if peak > 0:
+                    m["mfu"] = flops_since / dt / peak
+                key, mb = peak_memory_mb(ts.device)
+                m[key] = mb
                 m["elapsed_s"] = now - t0
-                tokens_since, t_since = 0, now
+                tokens_since, flops_since, t_since = 0, 0.0, now
                 if cfg.train.eval_every and ts.step % cfg.train.eval_every == 0:
                     m.update(evaluate_loss(ts))
                 if metrics_f:
@@ -363,14 +513,15 @@ def fit(
             last = m
             if cfg.train.ckpt_every and ts.step % cfg.train.ckpt_every == 0:
                 save(ts)
-            if stop.signal is not None:
+            if any_rank(stop.signal is not None, ts.dist, ts.device):
+                signum = stop.signal or signal.SIGTERM
                 save(ts)
-                if not quiet:
+                if not quiet and ts.dist.is_main:
                     print(
-                        f"signal {stop.signal}: checkpoint written at step {ts.step}",
+                        f"signal {signum}: checkpoint written at step {ts.step}",
                         file=sys.stderr,
                     )
-                raise SystemExit(128 + stop.signal)
+                raise SystemExit(128 + signum)
         final = evaluate_loss(ts)
         last.update(final)
         if metrics_f:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     last = fit(cfg, resume=args.resume, progress=False if args.no_progress else None)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+        return 0
     keys = ("step", "loss", "val_loss", "val_accuracy", "val_loops")
     print(json.dumps({k: last[k] for k in keys if k in last}))
     print(f"checkpoint: {cfg.out_dir}/ckpt")

@@ -1,7 +1,12 @@
 """Batches for training and evaluation, from a synthetic task or a token cache.
 
-Every training batch is a pure function of (seed, step, rank): resuming at step k replays exactly the
-batches an uninterrupted run would have seen, and ranks of a distributed run see disjoint data.
+Every training batch is a pure function of (seed, step) and the global batch size: step k's global
+batch holds ``world_size · grad_accum · batch_size`` rows drawn from one seed, and the micro-batch
+``micro`` of rank ``rank`` is the row slice ``(micro · world_size + rank) · batch_size`` onwards.
+So ranks see disjoint rows, resuming at step k replays exactly the batches an uninterrupted run
+would have seen, and 2 ranks × b rows, 1 process × 2b rows and 1 process × b rows × 2 accumulation
+steps all train on the same rows. (A single process without accumulation gets the batch it always
+got: the global batch is its batch.)
 """
 
 from __future__ import annotations
@@ -28,11 +33,38 @@ class DataSource:
     """Training batches by step and evaluation batches covering the evaluation set."""
 
     is_task = False
+    _cached: tuple[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def make_global_batch(self, step: int, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``n_rows`` rows of step ``step``: (x, y), each (n_rows, L). Subclasses define it."""
+        raise NotImplementedError
+
+    def global_batch(self, step: int, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`make_global_batch`, cached for the last (step, n_rows) asked for."""
+        key = (step, n_rows)
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, self.make_global_batch(step, n_rows))
+        return self._cached[1]
 
     def train_batch(
-        self, step: int, micro: int, batch_size: int, rank: int = 0
+        self,
+        step: int,
+        micro: int,
+        batch_size: int,
+        rank: int = 0,
+        *,
+        world_size: int = 1,
+        grad_accum: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        """Rank ``rank``'s micro-batch ``micro`` of step ``step``: (x, y), each (batch_size, L)."""
+        if not 0 <= rank < world_size or not 0 <= micro < grad_accum:
+            raise LoopLMError(
+                f"rank={rank}, micro={micro} out of range for world_size={world_size}, "
+                f"grad_accum={grad_accum}"
+            )
+        x, y = self.global_batch(step, batch_size * world_size * grad_accum)
+        i = (micro * world_size + rank) * batch_size
+        return x[i : i + batch_size].contiguous(), y[i : i + batch_size].contiguous()
 
     def eval_batches(self, batch_size: int, max_tokens: int | None) -> Iterator[tuple]:
         raise NotImplementedError
@@ -50,12 +82,12 @@ class TaskSource(DataSource):
             raise LoopLMError(f"unknown data.task_args key {unknown[0]!r}; allowed: seq_len")
         self.seq_len = int(data.task_args.get("seq_len", 0))  # >0 packs examples per row
 
-    def train_batch(self, step, micro, batch_size, rank=0):
+    def make_global_batch(self, step, n_rows):
         b = make_batch(
             self.task,
-            batch_size,
+            n_rows,
             tuple(self.data.train_difficulty),
-            seed=step_seed(self.seed, step * 1024 + micro, rank),
+            seed=step_seed(self.seed, step * 1024, 0),
             max_len=self.context,
             seq_len=self.seq_len,
         )
@@ -99,11 +131,11 @@ class CorpusSource(DataSource):
             )
         return self._eval_tokens
 
-    def train_batch(self, step, micro, batch_size, rank=0):
+    def make_global_batch(self, step, n_rows):
         from looplm.data.cache import sample_windows
 
-        g = torch.Generator().manual_seed(step_seed(self.seed, step * 1024 + micro, rank))
-        return sample_windows(self.train_tokens, batch_size, self.context, g)
+        g = torch.Generator().manual_seed(step_seed(self.seed, step * 1024, 0))
+        return sample_windows(self.train_tokens, n_rows, self.context, g)
 
     def eval_batches(self, batch_size, max_tokens=None, n_examples: int = 0):
         from looplm.data.cache import eval_windows

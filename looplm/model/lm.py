@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
 from looplm.model.block import Block
+from looplm.model.loss import linear_cross_entropy
 from looplm.model.recurrences import LoopContext, build_recurrence
 
 
@@ -95,8 +96,10 @@ class LanguageModelBase(nn.Module):
         tgt = targets[valid]  # (N,)
         total = 0.0
         for h in hs:
-            logits = self.readout(h[valid])  # (N, V): read out only supervised positions
-            total = total + F.cross_entropy(logits.float(), tgt, reduction="sum")
+            # readout + CE over supervised positions only, chunked over rows (looplm.model.loss):
+            # no (N, V) fp32 logits are kept for the backward pass.
+            x = self.norm_f(h[valid])  # (N, d)
+            total = total + linear_cross_entropy(x, self.tok_emb.weight, tgt)
         return total / len(hs), n
 
     def loss(
@@ -108,13 +111,18 @@ class LanguageModelBase(nn.Module):
         objective: str = "final",
         truncate_k: int = 0,
         checkpoint_loops: bool = False,
+        reduction: str = "mean",
     ) -> torch.Tensor:
         """Mean next-token cross-entropy over positions whose target is not -100.
 
         objective ``final`` supervises only h_T (silent thinking); ``per_step`` averages the loss of
         every intermediate readout h_1 … h_T. ``truncate_k`` > 0 backpropagates through the last k
         loops only; ``checkpoint_loops`` recomputes each loop step in the backward pass.
+        ``reduction="sum"`` returns the summed NLL instead of the mean (the trainer divides by the
+        token count of the whole global batch).
         """
+        if reduction not in ("mean", "sum"):
+            raise LoopLMError(f"reduction={reduction!r}; allowed: mean, sum")
         hs = self.hidden_states(
             input_ids,
             loops,
@@ -125,7 +133,7 @@ class LanguageModelBase(nn.Module):
         if objective == "per_step":
             hs = hs[1:] if len(hs) > 1 else hs
         total, n = self._nll_from_hidden(hs, targets)
-        return total / n.clamp(min=1)
+        return total if reduction == "sum" else total / n.clamp(min=1)
 
     @torch.no_grad()
     def nll_sum(
