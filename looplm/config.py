@@ -146,6 +146,16 @@ class TrainConfig:
             raise LoopLMError(f"train.peak_tflops={self.peak_tflops} must be >= 0")
         if self.truncate_k < 0 or self.warmup < 0:
             raise LoopLMError("train.truncate_k and train.warmup must be >= 0")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise LoopLMError(f"train.{key}={getattr(self, key)} must be in [0, 1)")
+        if self.clip <= 0:
+            raise LoopLMError(f"train.clip={self.clip} must be > 0 (the gradient-norm limit)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise LoopLMError(f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        for key in ("weight_decay", "ckpt_every", "eval_every", "eval_batches"):
+            if getattr(self, key) < 0:
+                raise LoopLMError(f"train.{key}={getattr(self, key)} must be >= 0")
 
 
 @dataclass
@@ -158,6 +168,8 @@ class EvalConfig:
     n_examples: int = 512  # synthetic tasks: examples per difficulty
 
     def validate(self) -> None:
+        if not self.depths:
+            raise LoopLMError("eval.depths is empty; give at least one loop depth >= 1")
         bad = [d for d in self.depths if int(d) < 1]
         if bad:
             raise LoopLMError(f"eval.depths={self.depths}: loop depth must be >= 1 (got {bad[0]})")

@@ -200,3 +200,76 @@ def test_scalar_gains_and_norms_are_not_decayed() -> None:
     assert id(model.recurrence.alpha) not in decayed
     assert id(model.block.norm1.weight) not in decayed
     assert id(model.block.attn.qkv.weight) in decayed
+
+
+def test_block_matches_reference_prenorm_swiglu() -> None:
+    """G(x) = a + m with a = Attn(RMSNorm(x)) causal, m = SwiGLU(RMSNorm(x + a)), bias-free."""
+    import math
+
+    torch.manual_seed(1)
+    model = looplm.build_model("tiny", "scse", dropout=0.0).double().eval()
+    blk = model.block
+    x = torch.randn(2, 9, 128, dtype=torch.float64)
+
+    def rms(z, w):
+        return z / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    B, L, d = x.shape
+    nh = 4
+    hs = d // nh
+    qkv = rms(x, blk.norm1.weight) @ blk.attn.qkv.weight.T
+    q, k, v = qkv.split(d, dim=-1)
+    q, k, v = (z.view(B, L, nh, hs).transpose(1, 2) for z in (q, k, v))
+    att = (q @ k.transpose(-1, -2)) / math.sqrt(hs)
+    att = att.masked_fill(torch.triu(torch.ones(L, L, dtype=torch.bool), 1), float("-inf"))
+    y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, L, d)
+    a = y @ blk.attn.proj.weight.T
+    gate_w, up_w = blk.mlp.gate_up.weight.chunk(2, dim=0)
+    u = rms(x + a, blk.norm2.weight)
+    m = (torch.nn.functional.silu(u @ gate_w.T) * (u @ up_w.T)) @ blk.mlp.down.weight.T
+    torch.testing.assert_close(blk(x), a + m, rtol=1e-10, atol=1e-12)
+
+
+def test_block_is_causal() -> None:
+    model = _tiny("scse").eval()
+    x = torch.randn(1, 10, 128)
+    y = x.clone()
+    y[0, 6] += 1.0  # change position 6: positions 0..5 must not change
+    gx, gy = model.block(x), model.block(y)
+    assert torch.equal(gx[0, :6], gy[0, :6])
+    assert not torch.allclose(gx[0, 6:], gy[0, 6:])
+
+
+def test_scse_mask_is_per_example_not_per_token() -> None:
+    model = _tiny("scse").eval()
+    out = model(_ids(), loops=1, return_states=True)
+    delta = torch.randn_like(out.anchor)
+    delta[0, 6:] = 0.0  # example 0: zero deviation on its trailing tokens only
+    nxt = model.recurrence.step(model.block, delta, out.context, 0)
+    # the example as a whole has ‖Δ‖² > ε, so its zero-deviation tokens still move (causal
+    # attention gives them a non-zero update); a per-token mask would freeze them
+    assert nxt[0, 6:].abs().max() > 0
+
+
+@pytest.mark.parametrize("rec", ["step_conditioned", "step_film", "norm_reset"])
+def test_unroll_passes_zero_based_step_index(rec: str) -> None:
+    model = _tiny(rec).eval()
+    ids = _ids()
+    T = 10
+    out = model(ids, loops=1, return_states=True)
+    h = out.states[0]
+    for t in range(T):
+        h = model.step(h, out.context, t)
+    torch.testing.assert_close(model(ids, loops=T), model.readout(h), rtol=1e-5, atol=1e-5)
+    h = out.states[0]
+    for t in range(T):
+        h = model.step(h, out.context, t + 1)  # shifted index must give different logits
+    assert not torch.allclose(model(ids, loops=T), model.readout(h), atol=1e-6)
+
+
+def test_token_ids_outside_vocabulary_are_rejected() -> None:
+    model = _tiny("scse")
+    with pytest.raises(LoopLMError, match="token id 257 is outside the vocabulary"):
+        model(torch.tensor([[1, 257]]), loops=1)
+    with pytest.raises(LoopLMError, match="integer token ids"):
+        model(torch.tensor([[1.0, 2.0]]), loops=1)

@@ -77,6 +77,15 @@ class LanguageModelBase(nn.Module):
             raise LoopLMError(
                 f"sequence length {L} is longer than the model's context {self.config.context}"
             )
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise LoopLMError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.device.type == "cpu" and input_ids.numel():  # on GPU this would sync
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise LoopLMError(
+                    f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})"
+                )
         pos = torch.arange(L, device=input_ids.device)
         return self.emb_drop(self.tok_emb(input_ids) + self.pos_emb(pos))
 
