@@ -131,12 +131,12 @@ def wrap_model(model: nn.Module, cfg: Any, dist: DistInfo, device: torch.device)
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        # Unshared models run min(T, N) layers: deeper layers get no gradient at small T.
-        find_unused = not getattr(model, "is_looped", True)
+        # Some parameters sit out some steps (norm_reset's gain when T < its period; layers an
+        # unshared model skips at small T), so DDP must look for unused parameters each step.
         return DDP(
             wrapper,
             device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=find_unused,
+            find_unused_parameters=True,
         )
     if mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh

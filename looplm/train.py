@@ -271,9 +271,8 @@ def train_step(ts: TrainState) -> dict[str, Any]:
     lr = get_lr(ts.step, cfg)
     for g in opt.param_groups:
         g["lr"] = lr
-    core_model = ts.raw_model or model
     # Looped models draw T per step; an unshared Transformer always runs all its layers.
-    loops = sample_depth(ts.step, cfg) if core_model.is_looped else cfg.model.n_layers
+    loops = sample_depth(ts.step, cfg) if core.is_looped else cfg.model.n_layers
     world, rank = ts.dist.world_size, ts.dist.rank
     # The step's loss is the token mean over the global batch: every rank knows its token count.
     _, y_all = ts.source.global_batch(ts.step, tc.batch_size * world * tc.grad_accum)
