@@ -73,7 +73,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def config_hash(cfg) -> str:
-    """Hash of the model/data/training configuration without the seed (all seeds share it)."""
+    """The results store's ``model_hash`` (model config + training protocol, without the seed).
+
+    Uses ``looplm.evaluate.records.model_hash`` (the evaluation commands' identity) when it is
+    available, so diagnostics rows line up with evaluation rows of the same run.
+    """
+    try:
+        from looplm.evaluate.records import model_hash
+    except ImportError:  # older tree: the same idea, hashed here
+        model_hash = None
+    if model_hash is not None:
+        return model_hash(cfg)
     d = cfg.to_dict()
     train = dict(d["train"])
     train.pop("seed", None)
@@ -235,7 +245,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _protocol(cfg) -> str:
+    try:
+        from looplm.evaluate.records import protocol_name
+    except ImportError:
+        return f"{cfg.data.dataset}-{cfg.train.steps}"
+    return protocol_name(cfg)
+
+
 def _store(path: str, cfg, results: dict) -> None:
+    from looplm.data.corpora import canonical_split
     from looplm.results.store import EvalRecord, ResultsStore
 
     s = results["summary"]
@@ -256,9 +275,9 @@ def _store(path: str, cfg, results: dict) -> None:
             EvalRecord(
                 model_hash=results["model_hash"],
                 method=results["method"],
-                protocol=cfg.name or "",
+                protocol=_protocol(cfg),
                 dataset=results["data"]["dataset"],
-                split=results["data"]["split"],
+                split=canonical_split(results["data"]["split"]),
                 depth=results["loops"],
                 seed=results["seed"],
                 eval_tag=EVAL_TAG,

@@ -271,15 +271,7 @@ def plot_convergence(results: Sequence[dict], path: str | os.PathLike) -> None:
     tau = results[0]["convergence"]["threshold"] if results else 0
     ax.set_ylabel("mean convergence depth (first loop with KL < τ)")
     ax.set_title(f"(c) convergence depth by token type, τ = {tau:g}")
-    ax.text(
-        0.99,
-        0.01,
-        f"tokens never below τ count as T + 1 = {T + 1}",
-        transform=ax.transAxes,
-        ha="right",
-        va="bottom",
-        fontsize=7,
-    )
+    ax.set_xlabel(f"token type  (tokens never below τ count as T + 1 = {T + 1})", fontsize=8)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(fontsize=8, ncol=min(3, max(len(results), 1)), loc="upper center")
     _save(fig, path)
@@ -308,9 +300,9 @@ def plot_anchor_steps(results: Sequence[dict], path: str | os.PathLike) -> None:
         if log:
             ax.set_yscale("log")
         if key == "gain":
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-            ax.tick_params(axis="y", which="minor", labelsize=7)
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         if key == "ratio":
             ax.axhline(1.0, ls="--", color="0.5", lw=0.8)
         if key == "gain":

@@ -50,7 +50,8 @@ class DiagnoseOptions:
     check_steps: int = 4  # Lemma 1 check: steps, examples, tokens, quadrature nodes
     check_examples: int = 2
     check_tokens: int = 16
-    check_nodes: int = 16
+    check_nodes: int = 8  # per panel of the adaptive composite Gauss–Legendre rule
+    check_panels: int = 32
     power_iters: int = 10  # ‖A_t^sec‖₂ estimate for Corollary 3 (0: skip)
     seed: int = 0
 
@@ -118,6 +119,7 @@ def _check_slice(model, ids: torch.Tensor, opts: DiagnoseOptions) -> dict:
         delta0,
         opts.check_steps,
         n_nodes=opts.check_nodes,
+        max_panels=opts.check_panels,
         power_iters=opts.power_iters,
         generator=torch.Generator().manual_seed(opts.seed + 7),
     )
