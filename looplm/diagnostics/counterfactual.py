@@ -13,8 +13,10 @@ and ``E_t = Δ_t − Δ̄_t`` is the counterfactual forcing response. With the e
     ‖A_t^sec‖ ≤ q < 1, ‖b_t‖ ≤ B  ⇒  ‖E_T‖ ≤ B (1 − qⁿ)/(1 − q)            (Corollary 3, Eq. 14)
 
 :func:`counterfactual_check` verifies these numerically for any differentiable map: ``A_t^sec v``
-is computed from Jacobian-vector products (``torch.func.jvp``) at Gauss–Legendre nodes on [0, 1],
-``‖A_t^sec‖₂`` by power iteration with vector-Jacobian products. The masked SCSE map is
+is computed from Jacobian-vector products (``torch.func.jvp``) at the nodes of an adaptive
+composite Gauss–Legendre rule on [0, 1] (trained maps can be nearly singular along a long secant
+segment, where a hidden state passes close to 0 inside RMSNorm), ``‖A_t^sec‖₂`` by power iteration
+with vector-Jacobian products. The masked SCSE map is
 discontinuous at Δ = 0; the paper then applies the result to the raw map, whose ``b̃_t`` is zero
 for SCSE's zero-preserving core, so the check is trivial there (E ≡ 0).
 
