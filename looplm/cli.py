@@ -20,6 +20,8 @@ COMMAND_MODULES = [
     "looplm.commands.data",
     "looplm.commands.methods",
     "looplm.commands.report",
+    "looplm.commands.adaptive",
+    "looplm.commands.sweep",
     "looplm.commands.diagnose",
 ]
 

@@ -1,4 +1,12 @@
-"""`looplm eval CHECKPOINT --depths 4,8,12,16,24,32,48`."""
+"""`looplm eval CHECKPOINT --depths 4,8,12,16,24,32,48` (fixed-depth sweep, LAMBADA, transfer).
+
+    looplm eval runs/x/ckpt --depths 1-48 --split test --store runs/results.sqlite
+    looplm eval runs/x/ckpt --dataset c4 --split train --max-tokens 8192 --store runs/results.sqlite
+    looplm eval runs/x/ckpt --lambada ../shared/data/lambada --max-examples 500 --store ...
+
+With ``--store`` every depth becomes one row of the results store, keyed by its evaluation identity
+(see :mod:`looplm.evaluate.records`); re-running replaces the rows, never duplicates them.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +17,24 @@ from looplm.errors import LoopLMError
 
 
 def parse_depths(text: str) -> list[int]:
-    """'4,8,12' → [4, 8, 12]; every depth must be an integer >= 1."""
+    """'4,8,12' → [4, 8, 12]; ranges too: '1-4,8' → [1, 2, 3, 4, 8]. Depths must be >= 1."""
+    depths: list[int] = []
     try:
-        depths = [int(x) for x in text.split(",") if x.strip()]
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1) if not part.startswith("-") else ("", "")
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise LoopLMError(f"--depths {text!r}: range {part!r} runs backwards")
+                depths.extend(range(a, b + 1))
+            else:
+                depths.append(int(part))
     except ValueError:
-        raise LoopLMError(f"--depths {text!r}: expected comma-separated integers") from None
+        raise LoopLMError(
+            f"--depths {text!r}: expected comma-separated integers or ranges like 1-48"
+        ) from None
     bad = [d for d in depths if d < 1]
     if not depths or bad:
         raise LoopLMError(f"--depths {text!r}: loop depths must be integers >= 1")
@@ -23,11 +44,16 @@ def parse_depths(text: str) -> list[int]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
-        help="fixed-depth sweep of one checkpoint (PPL or task accuracy per T)",
-        description="Evaluate one set of weights at several loop depths; prints JSON.",
+        help="fixed-depth sweep of one checkpoint (PPL or task accuracy per T; LAMBADA)",
+        description="Evaluate one set of weights at several loop depths; prints JSON. With "
+        "--store, writes one results-store row per depth (keyed by evaluation identity).",
     )
     p.add_argument("checkpoint", help="checkpoint folder (e.g. runs/x/ckpt)")
-    p.add_argument("--depths", default="4,8,12,16,24,32,48", help="comma-separated loop depths")
+    p.add_argument(
+        "--depths",
+        default="4,8,12,16,24,32,48",
+        help="comma-separated loop depths or ranges (1-48)",
+    )
     p.add_argument("--dataset", help="evaluate on another dataset (held-out transfer)")
     p.add_argument("--split", help="evaluation split (default: the run's eval split)")
     p.add_argument("--data-dir", help="folder with local corpora")
@@ -35,24 +61,80 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", help="also write the JSON here (atomically)")
+    p.add_argument("--store", help="results store (.sqlite) to write one row per depth into")
+    p.add_argument("--tag", default="", help="evaluation tag (part of the evaluation identity)")
+    p.add_argument("--protocol", help="training-protocol name (default: <train dataset>-<steps>)")
+    p.add_argument(
+        "--lambada",
+        metavar="PATH",
+        help="evaluate LAMBADA completion instead (lambada_test.jsonl or its folder)",
+    )
+    p.add_argument("--max-examples", type=int, help="LAMBADA: evaluate the first N passages only")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from looplm.evaluate import evaluate_checkpoint
+    from looplm.evaluate.records import eval_tag, fixed_depth_records
     from looplm.io import atomic_write_json
 
-    result = evaluate_checkpoint(
-        args.checkpoint,
-        parse_depths(args.depths),
-        dataset=args.dataset,
-        split=args.split,
-        data_dir=args.data_dir,
-        max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
-        device=args.device,
-        progress=True,
-    )
+    depths = parse_depths(args.depths)
+    if args.lambada:
+        if args.dataset or args.split:
+            raise LoopLMError("--lambada evaluates LAMBADA's test split; drop --dataset/--split")
+        from looplm.evaluate.lambada import evaluate_lambada_checkpoint
+
+        result = evaluate_lambada_checkpoint(
+            args.checkpoint,
+            args.lambada,
+            depths,
+            max_examples=args.max_examples,
+            batch_size=args.batch_size,
+            device=args.device,
+            progress=True,
+        )
+        cfg = result.pop("config")
+        tag = eval_tag(args.tag, max_examples=args.max_examples)
+    else:
+        if args.max_examples is not None:
+            raise LoopLMError("--max-examples applies to --lambada; use --max-tokens for corpora")
+        result = evaluate_checkpoint(
+            args.checkpoint,
+            depths,
+            dataset=args.dataset,
+            split=args.split,
+            data_dir=args.data_dir,
+            max_tokens=args.max_tokens,
+            batch_size=args.batch_size,
+            device=args.device,
+            progress=True,
+        )
+        from looplm.checkpoint import read_meta
+        from looplm.config import config_from_dict
+
+        cfg = config_from_dict(read_meta(args.checkpoint)["config"])
+        tag = eval_tag(args.tag, max_tokens=result.get("max_tokens"))
+    if args.store:
+        from looplm.results.store import ResultsStore
+
+        records = fixed_depth_records(
+            result["results"],
+            cfg,
+            dataset=result["dataset"],
+            split=result["split"],
+            tag=tag,
+            protocol=args.protocol,
+            extra={"checkpoint": str(args.checkpoint), "step": result.get("step")},
+        )
+        with ResultsStore(args.store) as store:
+            store.put_many(records)
+        result["store"] = {
+            "path": str(args.store),
+            "rows": len(records),
+            "eval_tag": tag,
+            "model_hash": records[0].model_hash,
+            "protocol": records[0].protocol,
+        }
     if args.out:
         atomic_write_json(args.out, result)
     print(json.dumps(result, indent=2))

@@ -90,12 +90,13 @@ def evaluate_checkpoint(
     if data_dir:
         cfg.data.data_dir = data_dir
     source = make_source(cfg.data, cfg.model, cfg.train.seed)
+    max_tokens = max_tokens if max_tokens is not None else cfg.eval.max_tokens
     rows = depth_sweep(
         model,
         source,
         depths,
         batch_size=batch_size or cfg.eval.batch_size,
-        max_tokens=max_tokens if max_tokens is not None else cfg.eval.max_tokens,
+        max_tokens=max_tokens,
         n_examples=cfg.eval.n_examples,
         device=dev,
         progress=progress,
@@ -108,5 +109,6 @@ def evaluate_checkpoint(
         "split": cfg.data.eval_split,
         "seed": cfg.train.seed,
         "step": meta["state"].get("step"),
+        "max_tokens": max_tokens,
         "results": rows,
     }

@@ -1,0 +1,251 @@
+"""Evaluation results → :class:`~looplm.results.store.EvalRecord` rows (evaluation identities).
+
+Identity fields, as the paper's *Seed Protocol and Aggregation* defines them:
+
+* ``model_hash`` — :func:`model_hash`: sha256 (first 12 hex digits) of the model config and the
+  training protocol **without the seed** (so every seed of one configuration shares it) and
+  without settings that do not change the trained weights (device, compile, logging, checkpoint
+  and evaluation cadence, data/cache folders, evaluation settings, run folder and name).
+* ``method`` — the recurrence name; ``protocol`` — :func:`protocol_name` (``<dataset>-<steps>``
+  unless given, e.g. ``wikitext-2-300``); ``dataset`` / ``split`` — the *evaluation* corpus and
+  its canonical split (``validation``, not ``valid``); ``depth`` — T, or the ceiling for adaptive
+  rows; ``seed`` — the training seed.
+* ``eval_tag`` — :func:`eval_tag`: the user's tag plus any evaluation cap (``cap=4096tok``,
+  ``cap=500ex``), because a capped evaluation is a different measurement from the full one.
+* ``adaptive_mode`` — ``''`` for fixed depth, else ``maxtoken:budget=8``, ``kl:thr=0.001``,
+  ``router:p=0.5``; ``calibration`` — what the threshold/router was fitted on
+  (``validation@8192tok``; ``+label_kl=0.01`` for the router), ``''`` for fixed depth and the
+  training-free KL rule.
+
+Metric-specific ``extra`` keys written here: ``flops_per_token_body``,
+``flops_per_token_body_head`` (Eqs. 20–21 at T or at the achieved mean depth), ``mean_depth``,
+``threshold``, ``target``, ``wall_clock_s``, ``n_correct``/``n_examples`` (accuracy),
+``exact_word_correct``/``n_passages`` (LAMBADA), ``checkpoint``, ``step``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from looplm.config import RunConfig
+from looplm.data.corpora import canonical_split
+from looplm.results.store import EvalRecord
+
+# Settings that do not change what is trained (excluded from the model hash), besides the seed.
+_TRAIN_NON_SEMANTIC = (
+    "seed",
+    "device",
+    "compile",
+    "log_every",
+    "eval_every",
+    "eval_batches",
+    "ckpt_every",
+    "tensorboard",
+)
+_DATA_SEMANTIC = ("dataset", "train_split", "train_difficulty", "task_args")
+
+
+def hash_payload(cfg: RunConfig) -> dict[str, Any]:
+    """What :func:`model_hash` hashes: the model config and the training protocol, no seed."""
+    d = cfg.to_dict()
+    return {
+        "model": d["model"],
+        "data": {k: d["data"][k] for k in _DATA_SEMANTIC},
+        "train": {k: v for k, v in d["train"].items() if k not in _TRAIN_NON_SEMANTIC},
+    }
+
+
+def model_hash(cfg: RunConfig) -> str:
+    """12 hex digits identifying (model config, training protocol) independent of the seed."""
+    text = json.dumps(hash_payload(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def protocol_name(cfg: RunConfig, protocol: str | None = None) -> str:
+    """The protocol identity field: ``protocol`` if given, else ``<train dataset>-<steps>``."""
+    if protocol:
+        return protocol
+    return f"{cfg.data.dataset}-{cfg.train.steps}"
+
+
+def eval_tag(
+    tag: str | None = "", *, max_tokens: int | None = None, max_examples: int | None = None
+) -> str:
+    """User tag plus the evaluation cap: ``eval_tag("ctx", max_tokens=4096) == "ctx,cap=4096tok"``."""
+    parts = [tag or ""]
+    if max_tokens:
+        parts.append(f"cap={int(max_tokens)}tok")
+    if max_examples:
+        parts.append(f"cap={int(max_examples)}ex")
+    return ",".join(p for p in parts if p)
+
+
+def calibration_tag(split: str, max_tokens: int | None, extra: str = "") -> str:
+    """``validation@8192tok`` (+ ``+extra``): what an adaptive rule was fitted on."""
+    text = canonical_split(split) + (f"@{int(max_tokens)}tok" if max_tokens else "")
+    return text + (f"+{extra}" if extra else "")
+
+
+def adaptive_calibration(
+    rule: str, calib_split: str, calib_max_tokens: int | None, label_threshold: float | None = None
+) -> str:
+    """The ``calibration`` identity field of an adaptive rule (``''`` for the KL rule)."""
+    if rule == "maxtoken":
+        return calibration_tag(calib_split, calib_max_tokens)
+    if rule == "router":
+        return calibration_tag(calib_split, calib_max_tokens, f"label_kl={label_threshold:g}")
+    return ""
+
+
+def flops_config(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword arguments of :func:`flops_per_token` for one run config."""
+    m = cfg.model
+    return {
+        "preset": m.preset,
+        "recurrence": m.recurrence,
+        "seq_len": m.context,
+        "d_model": m.d_model,
+        "d_ff": m.d_ff,
+        "vocab_size": m.vocab_size,
+        "n_layers": m.n_layers,
+    }
+
+
+def flops_per_token(
+    *,
+    preset: str,
+    recurrence: str,
+    mean_depth: float,
+    seq_len: int,
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    vocab_size: int | None = None,
+    n_layers: int | None = None,
+) -> dict[str, float]:
+    """Eq. 20/21 per-token FLOP proxies at a (possibly fractional) mean depth, via
+    ``looplm.flops``: ``n_body · per_body`` with ``n_body = c_body · mean_depth`` (unshared:
+    ``min(mean_depth, N_layers)``). When the run overrides the preset's width, FFN width or
+    vocabulary, the same formula is evaluated with the run's sizes."""
+    from looplm.flops import flops
+
+    ref = flops(preset, recurrence, 1, int(seq_len))
+    d = d_model or ref["d_model"]
+    ff = d_ff or ref["d_ff"]
+    V = vocab_size or ref["vocab_size"]
+    if (d, ff, V) == (ref["d_model"], ref["d_ff"], ref["vocab_size"]):
+        per_body, head = ref["per_body"], ref["head"]
+    else:  # the same Eq. 20/21 terms with the run's sizes
+        per_body = 8 * d * d + 6 * d * ff + 4 * int(seq_len) * d
+        head = 2 * d * V
+    if recurrence == "unshared":
+        n_body = min(float(mean_depth), float(n_layers or mean_depth))
+    else:
+        n_body = ref["c_body"] * float(mean_depth)
+    body = n_body * per_body
+    return {"flops_per_token_body": body, "flops_per_token_body_head": body + head}
+
+
+def _base(
+    cfg: RunConfig,
+    *,
+    dataset: str,
+    split: str,
+    tag: str,
+    protocol: str | None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "model_hash": model_hash(cfg),
+        "method": cfg.model.recurrence,
+        "protocol": protocol_name(cfg, protocol),
+        "dataset": dataset,
+        "split": canonical_split(split),
+        "seed": cfg.train.seed if seed is None else seed,
+        "eval_tag": tag,
+    }
+
+
+def fixed_depth_records(
+    rows: list[dict[str, Any]],
+    cfg: RunConfig,
+    *,
+    dataset: str,
+    split: str,
+    tag: str = "",
+    protocol: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[EvalRecord]:
+    """One record per depth row of :func:`~looplm.evaluate.sweep.depth_sweep` (or LAMBADA)."""
+    base = _base(cfg, dataset=dataset, split=split, tag=tag, protocol=protocol)
+    fl = flops_config(cfg)
+    out = []
+    for row in rows:
+        T = int(row["depth"])
+        ex = {
+            k: v for k, v in row.items() if k not in ("depth", "n_tokens", "sum_nll", "nll", "ppl")
+        }
+        ex.update(flops_per_token(mean_depth=T, **fl))
+        ex.update(extra or {})
+        out.append(
+            EvalRecord(
+                **base,
+                depth=T,
+                n_tokens=int(row["n_tokens"]),
+                sum_nll=float(row["sum_nll"]),
+                extra=ex,
+            )
+        )
+    return out
+
+
+def adaptive_records(
+    result: dict[str, Any],
+    cfg: RunConfig,
+    *,
+    tag: str = "",
+    protocol: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[EvalRecord]:
+    """Records of :func:`~looplm.evaluate.adaptive.evaluate_adaptive_checkpoint` output."""
+    base = _base(cfg, dataset=result["dataset"], split=result["split"], tag=tag, protocol=protocol)
+    out = []
+    for r in result["results"]:
+        cal = adaptive_calibration(
+            r["rule"],
+            result["calib_split"],
+            result.get("calib_max_tokens"),
+            r.get("label_threshold"),
+        )
+        ex = {k: v for k, v in r.items() if k not in ("sum_nll", "n_tokens", "nll", "ppl", "mode")}
+        ex["uniform_wall_clock_s"] = {
+            str(k): v for k, v in result.get("uniform_wall_clock_s", {}).items()
+        }
+        ex.update(extra or {})
+        out.append(
+            EvalRecord(
+                **base,
+                depth=int(result["ceiling"]),
+                adaptive_mode=r["mode"],
+                calibration=cal,
+                n_tokens=int(r["n_tokens"]),
+                sum_nll=float(r["sum_nll"]),
+                extra=ex,
+            )
+        )
+    return out
+
+
+def fixed_depth_identities(
+    cfg: RunConfig,
+    depths: list[int],
+    *,
+    dataset: str,
+    split: str,
+    tag: str = "",
+    protocol: str | None = None,
+) -> list[dict[str, Any]]:
+    """The identities :func:`fixed_depth_records` would write (to look them up in a store)."""
+    base = _base(cfg, dataset=dataset, split=split, tag=tag, protocol=protocol)
+    return [{**base, "depth": int(T), "adaptive_mode": "", "calibration": ""} for T in depths]
