@@ -717,6 +717,7 @@ def write_supplement(store_path: str | os.PathLike, out_dir: str | os.PathLike) 
         ]
         rel_pts: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
         wall_pts: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        dense_pts: dict[tuple[str, str], list[tuple[float, float]]] = {}
         rows = []
         for (method, mode), cell in group_by(crecs, ("method", "adaptive_mode")).items():
             depth = _mean_std([r.extra.get("mean_depth") for r in cell])
@@ -742,6 +743,8 @@ def write_supplement(store_path: str | os.PathLike, out_dir: str | os.PathLike) 
             )
             rel_pts.setdefault((method, fam), []).append((depth[0], depth[1], *relm))
             wall_pts.setdefault((method, fam), []).append((depth[0], wall[0]))
+            if math.isfinite(dense[0]):
+                dense_pts.setdefault((method, fam), []).append((depth[0], dense[0]))
         md += [
             "",
             "*target*: calibrated mean budget (max-token rule, calibrated on validation). "
@@ -798,6 +801,7 @@ def write_supplement(store_path: str | os.PathLike, out_dir: str | os.PathLike) 
             ]
         fig = _plot_wallclock(
             wall_pts,
+            dense_pts,
             uni_wall,
             out / "figures" / f"adaptive_wallclock_{slug}.png",
             f"{ds} / {sp}, ceiling {ceiling}",
@@ -808,7 +812,8 @@ def write_supplement(store_path: str | os.PathLike, out_dir: str | os.PathLike) 
                 f"![wall clock vs achieved depth](figures/{fig.name})",
                 "",
                 "*Measured wall clock (s, whole capped split, mean over seeds) vs achieved mean "
-                "depth; dashed: uniform fixed depth; markers: adaptive rules.*",
+                "depth; dashed: uniform fixed depth; filled markers: adaptive rules; hollow "
+                "markers, dotted: the per-token rules without work skipping.*",
                 "",
             ]
     lam = [r for r in recs if r.dataset == "lambada" and not r.adaptive_mode]
@@ -920,6 +925,7 @@ def _plot_relative(
 
 def _plot_wallclock(
     points: dict[tuple[str, str], list[tuple[float, float]]],
+    dense: dict[tuple[str, str], list[tuple[float, float]]],
     uniform: dict[str, dict[int, list[float]]],
     path: Path,
     title: str,
@@ -957,6 +963,20 @@ def _plot_wallclock(
             lw=1.4,
             label=f"{m} {fam}",
         )
+    for (m, fam), v in sorted(dense.items()):
+        v = sorted(p for p in v if math.isfinite(p[0]) and math.isfinite(p[1]))
+        if v and m in color:
+            ax.plot(
+                [p[0] for p in v],
+                [p[1] for p in v],
+                color=color[m],
+                ls=":",
+                lw=1.0,
+                marker=_MARKERS.get(fam, "x"),
+                ms=5,
+                mfc="none",
+                label=f"{m} {fam}, no skipping",
+            )
     ax.set_xlabel("achieved mean active depth (loops per token)")
     ax.set_ylabel("measured wall clock (s)")
     ax.set_title(title, fontsize=10)

@@ -419,7 +419,7 @@ def plot_adaptive(
             label=f"{label} ({fam})",
             zorder=4,
         )
-        for bars in eb[2]:  # seed-spread bars faint, so the rule curves stay readable
+        for bars in (*eb[1], *eb[2]):  # seed-spread bars faint: the rule curves stay readable
             bars.set_alpha(0.35)
     ticks = sorted({2**k for k in range(0, 8)} | {round(x) for s in uniform for x in s.x})
     ticks = [t for t in ticks if lo_x <= t <= hi_x]
