@@ -25,7 +25,7 @@ DEFAULT_METHODS = ["scse", "looped", "tuned_adapter"]
 HARDER = (4, 5)  # evaluation difficulty beyond the training range 1–3
 TEST_DEPTH = 8  # depth at which "above chance" is tested (fixed in advance, not the best depth)
 # (steps, eval examples): default ≤ 5 min for three methods on 2 cores, quick ≤ 90 s.
-BUDGETS = {"default": (600, 1024), "quick": (150, 256)}
+BUDGETS = {"default": (500, 1024), "quick": (150, 256)}
 
 
 @torch.no_grad()
@@ -151,7 +151,7 @@ def render_report(results: dict[str, Any]) -> str:
         "",
         "## Forcing bias at the anchor",
         "",
-        "`b_t(e) = T_t(0; e) = step(h*) − h*`, measured for t = 0 … 47 on 32 held-out inputs.",
+        "`b_t(e) = T_t(0; e) = step(h*) − h*`, measured for t = 0 … 47 on 32 evaluation inputs.",
         "",
         "| method | max abs b_t | max ‖b_t‖ / ‖h*‖ |",
         "|---|---:|---:|",
@@ -209,7 +209,7 @@ def plot_depth_response(results: dict[str, Any], path: Path) -> None:
 
     from looplm.io import atomic_write_bytes
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
     ax.axvspan(8, max(results["depths"]) * 1.2, color="0.92", label="T > 8 (extra loops)")
     for name, m in results["methods"].items():
         d = [r["depth"] for r in m["sweep"]]
@@ -233,9 +233,9 @@ def plot_depth_response(results: dict[str, Any], path: Path) -> None:
     ax.set_xticks(results["depths"], [str(d) for d in results["depths"]])
     ax.set_xlim(0.9, max(results["depths"]) * 1.1)
     ax.set_xlabel("loop depth T at evaluation (trained on T ~ U{1..8})")
-    ax.set_ylabel("accuracy (held-out expressions)")
+    ax.set_ylabel("accuracy (fresh expressions)")
     ax.set_title("Nested boolean logic: one set of weights at every depth")
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     import io
