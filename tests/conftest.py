@@ -23,7 +23,9 @@ def require_data(*parts: str) -> Path:
     """Path to a file or folder under the data folder; skip the test with a reason when absent."""
     path = data_dir().joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"real data not found at {path} (set LOOPLM_DATA_DIR to the shared data folder)")
+        pytest.skip(
+            f"real data not found at {path} (set LOOPLM_DATA_DIR to the shared data folder)"
+        )
     return path
 
 
