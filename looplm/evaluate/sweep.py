@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from looplm.data.sources import DataSource
+from looplm.model.loss import linear_nll_and_correct
 
 
 @torch.no_grad()
@@ -42,11 +42,12 @@ def depth_sweep(
         valid = y != -100
         tgt = y[valid]  # (N,)
         for T, h in model.iter_depths(x, depths):
-            logits = model.readout(h[valid]).float()  # (N, V)
+            # chunked over rows: no full (N, V) fp32 logits table for the GPT-2 vocabulary
+            nll, hits = linear_nll_and_correct(model.norm_f(h[valid]), model.tok_emb.weight, tgt)
             a = acc[T]
-            a["sum_nll"] += float(F.cross_entropy(logits, tgt, reduction="sum"))
+            a["sum_nll"] += float(nll)
             a["n_tokens"] += int(tgt.numel())
-            a["n_correct"] += int((logits.argmax(-1) == tgt).sum())
+            a["n_correct"] += int(hits)
     wall = time.perf_counter() - t0
     out = []
     for T in depths:
