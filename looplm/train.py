@@ -119,10 +119,10 @@ def make_optimizer(
 
 
 def _rng_state() -> dict[str, Any]:
+    # Only torch's generators drive randomness in a step (dropout); batches and depths are seeded
+    # per step, so Python's and NumPy's generators need not be saved.
     st = {
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "python": list(random.getstate()[1]),
-        "numpy": base64.b64encode(np.random.get_state()[1].tobytes()).decode(),
     }
     if torch.cuda.is_available():
         st["cuda"] = [
