@@ -19,7 +19,7 @@ _LAZY = {
     "build_model": "looplm.model",
     "model_from_config": "looplm.model",
     "recurrence_names": "looplm.model",
-    "flops": "looplm.flops",
+    "flops": "looplm.accounting",
 }
 
 

@@ -484,7 +484,7 @@ def evaluate_run(
         if lam:
             from looplm.data.corpora import lambada_examples
             from looplm.data.tokenizers import get_tokenizer
-            from looplm.evaluate.lambada import lambada_items, lambada_sweep
+            from looplm.evaluate.completion import lambada_items, lambada_sweep
 
             n_ex = lam.get("max_examples")
             ltag = eval_tag(ev.get("tag", ""), max_examples=n_ex)

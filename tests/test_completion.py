@@ -14,7 +14,7 @@ from looplm.config import load_config
 from looplm.data.corpora import LambadaExample, lambada_examples
 from looplm.data.tokenizers import get_tokenizer
 from looplm.errors import LoopLMError
-from looplm.evaluate.lambada import lambada_batches, lambada_items, lambada_sweep
+from looplm.evaluate.completion import lambada_batches, lambada_items, lambada_sweep
 from looplm.model import build_model
 
 TEXTS = [

@@ -14,8 +14,8 @@ import argparse
 import pytest
 
 import looplm
+from looplm.accounting import parameter_count
 from looplm.config import PRESETS
-from looplm.flops import parameter_count
 
 V, C = 50257, 128  # GPT-2 vocabulary, context
 LANES = 4

@@ -215,7 +215,13 @@ def test_results_layer_does_not_import_model_code_or_torch():
                 names = [node.module or ""]
             for n in names:
                 assert not n.startswith(
-                    ("torch", "looplm.model", "looplm.train", "looplm.evaluate", "looplm.flops")
+                    (
+                        "torch",
+                        "looplm.model",
+                        "looplm.train",
+                        "looplm.evaluate",
+                        "looplm.accounting",
+                    )
                 ), (f.name, n)
                 if n.startswith("looplm"):
                     assert n in ("looplm.errors", "looplm.io") or n.startswith(

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lambada:
         if args.dataset or args.split:
             raise LoopLMError("--lambada evaluates LAMBADA's test split; drop --dataset/--split")
-        from looplm.evaluate.lambada import evaluate_lambada_checkpoint
+        from looplm.evaluate.completion import evaluate_lambada_checkpoint
 
         result = evaluate_lambada_checkpoint(
             args.checkpoint,

@@ -38,7 +38,7 @@ PAPER_PARAMS: dict[tuple[str, str], tuple[float, int, str]] = {
 
 def method_rows(preset: str) -> list[dict[str, Any]]:
     """One dict per method: name, c_body, zero_forcing_bias, params, equation, reference, preset."""
-    from looplm.flops import parameter_count
+    from looplm.accounting import parameter_count
     from looplm.model.recurrences import get_recurrence_class, recurrence_names
 
     rows = []
@@ -107,7 +107,7 @@ def _parse_kv(items: list[str]) -> dict[str, Any]:
 
 def run_params(args: argparse.Namespace) -> int:
     """Print one model's parameter count."""
-    from looplm.flops import parameter_count
+    from looplm.accounting import parameter_count
 
     counts = parameter_count(args.preset, args.method, **_parse_kv(args.settings))
     paper = PAPER_PARAMS.get((args.method, args.preset)) if not args.settings else None

@@ -128,7 +128,7 @@ def flops_per_token(
     ``looplm.flops``: ``n_body · per_body`` with ``n_body = c_body · mean_depth`` (unshared:
     ``min(mean_depth, N_layers)``). When the run overrides the preset's width, FFN width or
     vocabulary, the same formula is evaluated with the run's sizes."""
-    from looplm.flops import flops
+    from looplm.accounting import flops
 
     ref = flops(preset, recurrence, 1, int(seq_len))
     d = d_model or ref["d_model"]

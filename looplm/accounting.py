@@ -15,8 +15,6 @@ anchor, initial-state, source, gate, FiLM and lane-mixing paths.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 from looplm.config import model_config
@@ -92,18 +90,3 @@ def parameter_count(preset: str, recurrence: str, **overrides: Any) -> dict[str,
         "trainable": model.num_parameters(trainable_only=True),
         **groups,
     }
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``looplm.flops(...)`` work whichever object ``looplm.flops`` names.
-
-    ``looplm`` exports the function :func:`flops`, but importing this submodule (``from looplm.flops
-    import parameter_count``) rebinds the package attribute ``looplm.flops`` to the module; the
-    module therefore forwards calls to the function.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return flops(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
