@@ -158,7 +158,10 @@ def render_report(results: dict[str, Any]) -> str:
     ]
     for name, m in methods.items():
         fb = m["forcing_bias"]
-        lines.append(f"| {name} | {fb['max_abs']:.3g} | {fb['max_rel']:.3g} |")
+        if fb["max_abs"] != fb["max_abs"]:  # NaN: an unshared model has no shared one-step map
+            lines.append(f"| {name} | n/a (no shared step) | n/a |")
+        else:
+            lines.append(f"| {name} | {fb['max_abs']:.3g} | {fb['max_rel']:.3g} |")
     lines += [
         "",
         f"## Harder expressions (difficulty {HARDER[0]}–{HARDER[1]}, beyond the training range)",
