@@ -131,12 +131,14 @@ def wrap_model(model: nn.Module, cfg: Any, dist: DistInfo, device: torch.device)
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        # Some parameters sit out some steps (norm_reset's gain when T < its period; layers an
-        # unshared model skips at small T), so DDP must look for unused parameters each step.
+        # A recurrence whose parameters can sit out a step (norm_reset's gain when T < its period)
+        # makes DDP search for unused parameters; that search costs a graph traversal per step, so
+        # it is on only where needed. Unshared models always train all their layers.
+        rec = getattr(model, "recurrence", None)
         return DDP(
             wrapper,
             device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=True,
+            find_unused_parameters=rec is not None and not rec.uses_all_parameters,
         )
     if mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh

@@ -285,3 +285,22 @@ def test_methods_command_lists_every_method(capsys):
 def test_methods_command_rejects_unknown_preset():
     with pytest.raises(LoopLMError, match="preset"):
         _cli(["methods", "--preset", "7b"])
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "unshared"])
+def test_uses_all_parameters_flag_is_truthful(name):
+    """DDP skips its unused-parameter search when a recurrence declares it uses every parameter."""
+    from looplm.model.recurrences import get_recurrence_class
+
+    declared = get_recurrence_class(name).uses_all_parameters
+    x = torch.randint(0, 257, (2, 8), generator=torch.Generator().manual_seed(0))
+    all_used = True
+    for T in (1, 2, 3):
+        torch.manual_seed(0)
+        m = looplm.build_model("tiny", name, dropout=0.0)
+        m.loss(x, x, loops=T).backward()
+        all_used &= all(p.grad is not None for p in m.parameters() if p.requires_grad)
+    if declared:
+        assert all_used
+    else:
+        assert not all_used  # the flag is only set where parameters really sit out

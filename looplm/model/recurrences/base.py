@@ -51,6 +51,9 @@ class Recurrence(nn.Module):
     equation: ClassVar[str] = ""
     reference: ClassVar[str] = ""
     zero_forcing_bias: ClassVar[bool] = False  # b_t(e) = 0 exactly by construction
+    # False when some parameter sits out some steps (e.g. a gain used only every k-th loop), so
+    # distributed data parallelism must look for unused parameters.
+    uses_all_parameters: ClassVar[bool] = True
 
     def __init__(self, d_model: int, cfg: Any) -> None:
         super().__init__()

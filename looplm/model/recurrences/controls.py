@@ -276,6 +276,7 @@ class NormReset(Recurrence):
 
     name = "norm_reset"
     Config = NormResetConfig
+    uses_all_parameters = False  # the reset gain is used only at reset steps
     body_calls_per_step = 1
     equation = (
         "h'_{t+1} = h_t + G(h_t + g·e);  h_{t+1} = RMSNorm_r(h'_{t+1}) if (t+1) mod k = 0 "
