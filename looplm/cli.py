@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "looplm.commands.adaptive",
     "looplm.commands.sweep",
     "looplm.commands.diagnose",
+    "looplm.commands.generate",
 ]
 
 

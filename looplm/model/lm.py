@@ -66,16 +66,17 @@ class LanguageModelBase(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, L) token ids → e = P(x): (B, L, d)."""
+    def embed(self, input_ids: torch.Tensor, pos_offset: int = 0) -> torch.Tensor:
+        """(B, L) token ids → e = P(x): (B, L, d); positions start at ``pos_offset``."""
         if input_ids.dim() != 2:
             raise LoopLMError(
                 f"input_ids must have shape (batch, length), got {tuple(input_ids.shape)}"
             )
         L = input_ids.shape[1]
-        if L > self.config.context:
+        if pos_offset + L > self.config.context:
             raise LoopLMError(
-                f"sequence length {L} is longer than the model's context {self.config.context}"
+                f"sequence length {pos_offset + L} is longer than the model's context "
+                f"{self.config.context}"
             )
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise LoopLMError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
@@ -86,7 +87,7 @@ class LanguageModelBase(nn.Module):
                 raise LoopLMError(
                     f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})"
                 )
-        pos = torch.arange(L, device=input_ids.device)
+        pos = torch.arange(pos_offset, pos_offset + L, device=input_ids.device)
         return self.emb_drop(self.tok_emb(input_ids) + self.pos_emb(pos))
 
     def readout(self, h: torch.Tensor) -> torch.Tensor:
