@@ -22,6 +22,11 @@ from looplm.io import atomic_write_json, atomic_write_text
 
 DEPTHS = [1, 2, 4, 8, 12, 16, 24, 32, 48]
 DEFAULT_METHODS = ["scse", "looped", "tuned_adapter"]
+TASK_TITLES = {
+    "bool_logic": "nested boolean logic",
+    "graph_reach": "graph reachability",
+    "relational_text": "relational reasoning in text",
+}
 HARDER = (4, 5)  # evaluation difficulty beyond the training range 1–3
 TEST_DEPTH = 8  # depth at which "above chance" is tested (fixed in advance, not the best depth)
 # (steps, eval examples): default ≤ 5 min for three methods on 2 cores, quick ≤ 90 s.
@@ -56,6 +61,7 @@ def run_demo(
     methods: list[str] | None = None,
     seed: int = 0,
     progress: bool | None = None,
+    task: str = "bool_logic",
 ) -> dict[str, Any]:
     """Train, sweep and report every method; returns the results dict also saved as JSON."""
     from looplm.train import fit
@@ -64,7 +70,13 @@ def run_demo(
     steps, n_eval = BUDGETS["quick" if quick else "default"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"depths": DEPTHS, "chance": 0.5, "methods": {}, "steps": steps}
+    results: dict[str, Any] = {
+        "depths": DEPTHS,
+        "chance": 0.5,
+        "methods": {},
+        "steps": steps,
+        "task": task,
+    }
     t_all = time.perf_counter()
     for method in methods:
         t0 = time.perf_counter()
@@ -76,6 +88,7 @@ def run_demo(
                 f"train.seed={seed}",
                 f"eval.n_examples={n_eval}",
                 f"out_dir={out / method}",
+                f"data.dataset={task}",
             ],
         )
         print(f"[demo] training {method}: {steps} steps, T ~ U{{1..8}}", flush=True)
@@ -124,10 +137,10 @@ def render_report(results: dict[str, Any]) -> str:
     depths = results["depths"]
     methods = results["methods"]
     lines = [
-        "# looplm demo: nested boolean logic, tiny looped models",
+        f"# looplm demo: {TASK_TITLES[results.get('task', 'bool_logic')]}, tiny looped models",
         "",
         f"Each model trained {results['steps']} steps with loop depth T ~ U{{1..8}}; the same "
-        "weights are evaluated at every T on freshly drawn expressions of the training "
+        "weights are evaluated at every T on freshly drawn examples of the training "
         "difficulty (1–3). That expression space is small, so most evaluation expressions also "
         "occur in the training stream: this table measures how well the function was learned "
         "on the training distribution. The harder table below (difficulty 4–5) contains no "
@@ -237,7 +250,9 @@ def plot_depth_response(results: dict[str, Any], path: Path) -> None:
     ax.set_xlim(0.9, max(results["depths"]) * 1.1)
     ax.set_xlabel("loop depth T at evaluation (trained on T ~ U{1..8})")
     ax.set_ylabel("accuracy (fresh expressions)")
-    ax.set_title("Nested boolean logic: one set of weights at every depth")
+    ax.set_title(
+        f"{TASK_TITLES[results.get('task', 'bool_logic')]}: one set of weights at every depth"
+    )
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()

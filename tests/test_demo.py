@@ -23,3 +23,11 @@ def test_demo_smoke(tmp_path: Path, monkeypatch, capsys) -> None:
     png = (tmp_path / "depth_response.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "scse" / "ckpt" / "model.safetensors").exists()
+
+
+def test_demo_other_task(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(demo, "BUDGETS", {"default": (2, 16), "quick": (2, 16)})
+    monkeypatch.setattr(demo, "DEPTHS", [1, 2])
+    args = ["demo", "--quick", "--out", str(tmp_path), "--methods", "scse", "--task", "graph_reach"]
+    assert main(args) == 0
+    assert "graph reachability" in (tmp_path / "report.md").read_text()

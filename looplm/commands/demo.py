@@ -23,6 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated recurrence names, or 'all' for every registered method",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--task",
+        default="bool_logic",
+        choices=["bool_logic", "graph_reach", "relational_text"],
+        help="synthetic task (default: nested boolean logic)",
+    )
     p.set_defaults(func=run)
 
 
@@ -35,5 +41,5 @@ def run(args: argparse.Namespace) -> int:
     for m in methods:
         if m not in names:
             raise LoopLMError(f"unknown method {m!r}; allowed: {', '.join(names)}, or all")
-    run_demo(args.out, quick=args.quick, methods=methods, seed=args.seed)
+    run_demo(args.out, quick=args.quick, methods=methods, seed=args.seed, task=args.task)
     return 0

@@ -24,7 +24,6 @@ import torch
 from looplm.errors import LoopLMError
 
 PAD_ID = 256  # the byte tokenizer's end-of-text id
-TASKS = ("bool_logic",)
 _OPS = {"&": lambda a, b: a and b, "|": lambda a, b: a or b, "^": lambda a, b: a != b}
 
 
@@ -54,6 +53,65 @@ def bool_logic_example(rng: random.Random, depth: int, want: bool | None = None)
             s = s[1:-1]
         if want is None or v == want:
             return s + "=", "T" if v else "F"
+
+
+_NAMES = (
+    "ann bob cal dan eve fay gus hal ivy jon kim lea max ned oli pam quin ray sue tom uma vic wes"
+).split()
+
+
+def _two_chains(rng: random.Random, depth: int, n_nodes: int) -> tuple[list[int], list[int]]:
+    """Two disjoint chains of ``depth + 1`` distinct node ids each."""
+    nodes = rng.sample(range(n_nodes), 2 * (depth + 1))
+    return nodes[: depth + 1], nodes[depth + 1 :]
+
+
+def graph_reach_example(
+    rng: random.Random, depth: int, want: bool | None = None
+) -> tuple[str, str]:
+    """Graph reachability: shuffled directed edges of two disjoint chains, then a query.
+
+    ``bc;ab;xy;yz|a?c=`` → ``Y`` (a reaches c in ``depth`` hops) or ``N`` (the target lies on the
+    other chain). Nodes are letters a–z; difficulty = the query's path length (≤ 12).
+    """
+    if depth > 12:
+        raise LoopLMError(f"graph_reach difficulty {depth} > 12 (26 letters, two chains)")
+    reach = rng.random() < 0.5 if want is None else want
+    a, b = _two_chains(rng, depth, 26)
+    edges = [(c[i], c[i + 1]) for c in (a, b) for i in range(depth)]
+    rng.shuffle(edges)
+    letter = lambda i: chr(ord("a") + i)  # noqa: E731
+    target = a[-1] if reach else b[-1]
+    text = ";".join(letter(u) + letter(v) for u, v in edges)
+    return f"{text}|{letter(a[0])}?{letter(target)}=", "Y" if reach else "N"
+
+
+def relational_text_example(
+    rng: random.Random, depth: int, want: bool | None = None
+) -> tuple[str, str]:
+    """Relational reasoning in text: chained "X is older than Y." facts, then a yes/no question.
+
+    The facts of two disjoint chains are shuffled; the question asks whether the first person of
+    one chain is older than the last person of that chain (``Y``, by transitivity over ``depth``
+    facts) or of the other chain (``N``, not derivable). Difficulty = chain length (≤ 10).
+    """
+    if depth > 10:
+        raise LoopLMError(f"relational_text difficulty {depth} > 10 (23 names, two chains)")
+    reach = rng.random() < 0.5 if want is None else want
+    a, b = _two_chains(rng, depth, len(_NAMES))
+    facts = [(c[i], c[i + 1]) for c in (a, b) for i in range(depth)]
+    rng.shuffle(facts)
+    target = a[-1] if reach else b[-1]
+    text = " ".join(f"{_NAMES[u]}>{_NAMES[v]}." for u, v in facts)
+    return f"{text} {_NAMES[a[0]]}>{_NAMES[target]}?", "Y" if reach else "N"
+
+
+_EXAMPLES = {
+    "bool_logic": bool_logic_example,
+    "graph_reach": graph_reach_example,
+    "relational_text": relational_text_example,
+}
+TASKS = tuple(_EXAMPLES)
 
 
 @dataclass
@@ -93,7 +151,7 @@ def make_batch(
         dif: list[int] = []
         while True:
             depth = rng.randint(lo, hi)
-            text, ans = bool_logic_example(rng, depth, want=bool(k % 2))
+            text, ans = _EXAMPLES[task](rng, depth, want=bool(k % 2))
             ex = list((text + ans + ";").encode())
             if len(ex) > max_len:
                 raise LoopLMError(
