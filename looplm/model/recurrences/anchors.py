@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from looplm.errors import LoopLMError
+from looplm.model.recurrences.base import LoopContext
 
 ANCHOR_MODES = ("learned", "embedding", "init", "frozen_random")
 
@@ -54,3 +55,8 @@ class AnchorInit(nn.Module):
         if self.mode == "init":
             return self.initial(e) if h0 is None else h0
         return e + self.anchor_scale * self.anchor_proj(e)
+
+    def context(self, e: torch.Tensor) -> LoopContext:
+        """The loop context every anchor-coordinate method starts from: e, h*, and H0(e) as ``h0``."""
+        h0 = self.initial(e)
+        return LoopContext(e=e, anchor=self.anchor(e, h0), extra={"h0": h0})

@@ -68,10 +68,10 @@ class SourceConditioned(Recurrence):
         self.kappa = nn.Parameter(torch.tensor(float(cfg.kappa_init)))
 
     def prepare(self, e: torch.Tensor) -> LoopContext:
-        anchor = self.anchors.anchor(e)
-        h0 = self.anchors.initial(e)
+        ctx = self.anchors.context(e)
         # W_c h* is fixed through the unroll: compute it once; κ multiplies it in every step.
-        return LoopContext(e=e, anchor=anchor, extra={"h0": h0, "cond": self.cond_proj(anchor)})
+        ctx.extra["cond"] = self.cond_proj(ctx.anchor)
+        return ctx
 
     def init_state(self, ctx: LoopContext) -> torch.Tensor:
         return ctx.extra["h0"] - ctx.anchor  # Δ0
@@ -211,9 +211,9 @@ class ForcingSubtraction(Recurrence):
         self.p_step = nn.Linear(d_model, d_model, bias=False) if cfg.step_tau > 0 else None
 
     def prepare(self, e: torch.Tensor) -> LoopContext:
-        anchor = self.anchors.anchor(e)
-        h0 = self.anchors.initial(e)
-        return LoopContext(e=e, anchor=anchor, extra={"h0": h0, "source": self.w_in(e)})
+        ctx = self.anchors.context(e)
+        ctx.extra["source"] = self.w_in(e)
+        return ctx
 
     def init_state(self, ctx: LoopContext) -> torch.Tensor:
         return ctx.extra["h0"] - ctx.anchor

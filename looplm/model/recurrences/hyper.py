@@ -141,8 +141,7 @@ class HyperSCSE(HyperBase):
         self.anchors = AnchorInit(d_model, cfg.anchor, cfg.anchor_scale, cfg.init_delta_scale)
 
     def prepare(self, e: torch.Tensor) -> LoopContext:
-        h0 = self.anchors.initial(e)
-        return LoopContext(e=e, anchor=self.anchors.anchor(e, h0), extra={"h0": h0})
+        return self.anchors.context(e)
 
     def init_state(self, ctx: LoopContext) -> torch.Tensor:
         return self.lanes_from(ctx.extra["h0"] - ctx.anchor)

@@ -60,8 +60,7 @@ class SCSE(Recurrence):
         self.anchors = AnchorInit(d_model, cfg.anchor, cfg.anchor_scale, cfg.init_delta_scale)
 
     def prepare(self, e: torch.Tensor) -> LoopContext:
-        h0 = self.anchors.initial(e)
-        return LoopContext(e=e, anchor=self.anchors.anchor(e, h0), extra={"h0": h0})
+        return self.anchors.context(e)
 
     def init_state(self, ctx: LoopContext) -> torch.Tensor:
         return ctx.extra["h0"] - ctx.anchor  # Δ0
