@@ -15,53 +15,13 @@ states. Ordinary generation gives identical tokens with and without the cache (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from looplm.errors import LoopLMError
-from looplm.model.block import Block
+from looplm.model.block import BlockCall, KVCache
 
-
-@dataclass
-class KVCache:
-    """K/V per block application: ``slots[i] = (k, v)``, each (B, nh, L_past, hs)."""
-
-    slots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    length: int = 0
-
-
-class CachedBlock(nn.Module):
-    """Calls the shared block's weights with a K/V cache; ``self(x)`` returns ``G(x)``."""
-
-    def __init__(self, block: Block, cache: KVCache) -> None:
-        super().__init__()
-        self.block, self.cache, self.call = block, cache, 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, L_new, d)
-        blk, att = self.block, self.block.attn
-        B, L, d = x.shape
-        nh = att.n_heads
-        q, k, v = att.qkv(blk.norm1(x)).split(d, dim=2)
-        q, k, v = (z.view(B, L, nh, d // nh).transpose(1, 2) for z in (q, k, v))  # (B, nh, L, hs)
-        past = self.cache.length
-        if self.call < len(self.cache.slots):
-            pk, pv = self.cache.slots[self.call]
-            k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-            self.cache.slots[self.call] = (k, v)
-        else:
-            self.cache.slots.append((k, v))
-        self.call += 1
-        if past == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # new query i (position past + i) sees keys 0 … past + i
-            i = torch.arange(L, device=x.device)[:, None] + past
-            mask = torch.arange(past + L, device=x.device)[None, :] <= i  # (L, past + L)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        a = att.proj(y.transpose(1, 2).reshape(B, L, d))
-        return a + blk.mlp(blk.norm2(x + a))
+__all__ = ["KVCache", "generate", "next_logits"]
 
 
 @torch.no_grad()
@@ -75,7 +35,7 @@ def next_logits(
         raise LoopLMError("cached generation needs a looped model (recurrence != unshared)")
     rec = model.recurrence
     ctx = rec.prepare(model.embed(ids, pos_offset=cache.length))
-    block = CachedBlock(model.block, cache)
+    block = BlockCall(model.block, cache=cache)
     s = rec.init_state(ctx)
     for t in range(loops):
         s = rec.step(block, s, ctx, t)

@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from looplm.errors import LoopLMError
+from looplm.model.block import BlockCall
 from looplm.model.recurrences import LoopContext
 
 DEFAULT_CEILING = 48
@@ -387,63 +388,13 @@ def evaluate_maxtoken(
 
 
 # ============================================================================ per-token halting
-def _is_standard_block(block: torch.nn.Module) -> bool:
-    attn = getattr(block, "attn", None)
-    return all(hasattr(block, a) for a in ("norm1", "norm2", "mlp")) and all(
-        hasattr(attn, a) for a in ("qkv", "proj", "n_heads")
-    )
-
-
 def sparse_block_forward(
     block: torch.nn.Module, x: torch.Tensor, active: torch.Tensor
 ) -> torch.Tensor:
-    """``G(x)`` of the shared :class:`~looplm.model.block.Block` computed for active rows only.
-
-    x: (B, L, d); active: (B, L) bool. Returns (B, L, d) with ``G(x)`` on active rows and 0 on the
-    others. Keys and values are computed for *every* row (causal attention of an active token
-    reads all earlier tokens, halted ones included); queries, attention rows, the output
-    projection and the SwiGLU run on active rows only. Attention is evaluated on a per-example
-    padded set of ``A = max_b (#active in b)`` query rows. Eval mode only (no dropout).
-    """
-    B, L, d = x.shape
-    attn = block.attn
-    nh = attn.n_heads
-    hs = d // nh
-    xn = block.norm1(x)  # (B, L, d)
-    w = attn.qkv.weight  # (3d, d): rows [q; k; v]
-    kv = F.linear(xn, w[d:])  # (B, L, 2d)
-    k, v = kv.split(d, dim=-1)
-    k = k.view(B, L, nh, hs).transpose(1, 2)  # (B, nh, L, hs)
-    v = v.view(B, L, nh, hs).transpose(1, 2)
-    counts = active.sum(dim=1)  # (B,)
-    A = int(counts.max())
-    out = torch.zeros_like(x)
-    if A == 0:
-        return out
-    # Active positions first (ascending), then the inactive ones: (B, A) query positions.
-    pos = torch.argsort((~active).to(torch.int8), dim=1, stable=True)[:, :A]
-    qrow = torch.arange(A, device=x.device)[None, :] < counts[:, None]  # (B, A) real query rows
-    xqn = xn.gather(1, pos[..., None].expand(B, A, d))  # (B, A, d)
-    q = F.linear(xqn, w[:d]).view(B, A, nh, hs).transpose(1, 2)  # (B, nh, A, hs)
-    keys = torch.arange(L, device=x.device)
-    allowed = keys[None, None, None, :] <= pos[:, None, :, None]  # (B, 1, A, L) causal
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, nh, A, hs)
-    y = y.transpose(1, 2).reshape(B, A, d)[qrow]  # (N_active, d), row-major = x[active] order
-    a = attn.proj(y)  # (N_active, d)
-    xa = x[active]  # (N_active, d)
-    m = block.mlp(block.norm2(xa + a))
-    out[active] = a + m
-    return out
-
-
-class _ActiveRowsBlock:
-    """Stands in for the shared block inside ``recurrence.step``: computes active rows only."""
-
-    def __init__(self, block: torch.nn.Module, active: torch.Tensor) -> None:
-        self.block, self.active = block, active
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return sparse_block_forward(self.block, x, self.active)
+    """``G(x)`` computed for the active rows of ``x`` only (0 elsewhere): x (B, L, d), active (B, L)
+    bool. The block's own active-row mode (:class:`~looplm.model.block.Block`): keys and values for
+    every row, queries, attention rows, output projection and SwiGLU for active rows. Eval only."""
+    return block(x, active=active)
 
 
 class KLHalt:
@@ -541,7 +492,6 @@ def per_token_halting(
     check_ceiling(ceiling)
     rec = model.recurrence
     block = model.block
-    sparse_ok = skip and _is_standard_block(block)
     ctx = model.prepare(x)
     s = rec.init_state(ctx)
     h = rec.to_hidden(s, ctx)  # (B, L, d)
@@ -552,7 +502,7 @@ def per_token_halting(
     logp_prev = F.log_softmax(model.readout(h).float(), dim=-1) if needs_logits else None
     for t in range(1, ceiling + 1):
         all_active = bool(active.all())
-        step_block = block if (all_active or not sparse_ok) else _ActiveRowsBlock(block, active)
+        step_block = block if (all_active or not skip) else BlockCall(block, active=active)
         s_new = rec.step(step_block, s, ctx, t - 1)
         s = s_new if all_active else torch.where(_token_mask_for(s, active), s_new, s)
         depth += active

@@ -9,13 +9,57 @@
 Every projection is bias-free and RMSNorm maps 0 to 0, so ``G(0) = 0`` exactly (attention over an
 all-zero value matrix returns zeros whatever the softmax weights; SwiGLU(0) = silu(0)·0 = 0).
 Dropout multiplies, so it keeps zeros zero in training mode too.
+
+This is the only implementation of the block's math. Besides the plain call it serves:
+
+* **KV-cached decoding** (``kv``: a :class:`KVSlot` of a :class:`KVCache`): ``x`` holds only the new
+  positions; their keys/values are appended to the slot and the queries attend to every cached
+  position before them.
+* **active-token-only evaluation** (``active``: (B, L) bool): keys and values are computed for every
+  row (causal attention of an active token reads all earlier tokens, halted ones included), while
+  queries, attention rows, the output projection and the SwiGLU run on active rows only; inactive
+  rows return 0.
+
+A looped model applies the block many times per forward pass with the same per-pass arguments;
+:class:`BlockCall` binds them once, so a recurrence calls ``block(x)`` whatever the mode.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+@dataclass
+class KVCache:
+    """Keys/values per block application of a forward pass: ``slots[i] = (k, v)``, each
+    (B, nh, L_past, hs); ``length`` is the number of cached positions."""
+
+    slots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    length: int = 0
+
+
+class KVSlot:
+    """The cache entry of one block application (slot ``index`` of ``cache``)."""
+
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self.cache, self.index = cache, index
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' (k, v) after the cached ones; returns all of them."""
+        slots = self.cache.slots
+        if self.index < len(slots):
+            pk, pv = slots[self.index]
+            k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+            slots[self.index] = (k, v)
+        elif self.index == len(slots):
+            slots.append((k, v))
+        else:
+            raise IndexError(f"KV slot {self.index} used before slot {len(slots)}")
+        return k, v
 
 
 class CausalSelfAttention(nn.Module):
@@ -26,18 +70,55 @@ class CausalSelfAttention(nn.Module):
         self.n_heads = n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.proj.residual_output = True  # model.init=depth_scaled scales it
         self.dropout = dropout
         self.resid_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _heads(self, z: torch.Tensor) -> torch.Tensor:
+        B, L, d = z.shape
+        return z.view(B, L, self.n_heads, d // self.n_heads).transpose(1, 2)  # (B, nh, L, hs)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv: KVSlot | None = None,
+        active: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: (B, L, d), already normalised → (B, L, d), or (N_active, d) with ``active``."""
         B, L, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)  # 3 × (B, L, d)
-        q, k, v = (z.view(B, L, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(  # (B, nh, L, hs)
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
-        y = y.transpose(1, 2).reshape(B, L, d)  # (B, L, d)
-        return self.resid_drop(self.proj(y))
+        past = kv.cache.length if kv is not None else 0
+        w = self.qkv.weight  # (3d, d): rows [q; k; v]
+        if active is None:
+            q, k, v = (self._heads(z) for z in self.qkv(x).split(d, dim=2))  # 3 × (B, nh, L, hs)
+            q_pos = None
+        else:
+            k, v = (self._heads(z) for z in F.linear(x, w[d:]).split(d, dim=2))
+            counts = active.sum(dim=1)  # (B,)
+            A = int(counts.max()) if B else 0
+            # Active positions first (ascending), then the inactive ones: (B, A) query positions.
+            q_pos = torch.argsort((~active).to(torch.int8), dim=1, stable=True)[:, :A]
+            xq = x.gather(1, q_pos[..., None].expand(B, A, d))  # (B, A, d)
+            q = self._heads(F.linear(xq, w[:d]))  # (B, nh, A, hs)
+        if kv is not None:
+            k, v = kv.append(k, v)  # (B, nh, past + L, hs)
+        if q_pos is None and past == 0:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
+        else:  # query at position p sees keys 0 … p
+            if q_pos is None:
+                q_pos = torch.arange(L, device=x.device)[None, :]  # (1, L)
+            keys = torch.arange(past + L, device=x.device)
+            allowed = keys[None, None, None, :] <= (q_pos + past)[:, None, :, None]
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
+            )
+        y = y.transpose(1, 2)  # (B, Lq, nh, hs)
+        if active is not None:
+            real = torch.arange(y.shape[1], device=x.device)[None, :] < counts[:, None]
+            return self.resid_drop(self.proj(y.reshape(B, -1, d)[real]))  # (N_active, d)
+        return self.resid_drop(self.proj(y.reshape(B, L, d)))
 
 
 class SwiGLU(nn.Module):
@@ -47,6 +128,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=False)
         self.down = nn.Linear(d_ff, d_model, bias=False)
+        self.down.residual_output = True
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,8 +148,43 @@ class Block(nn.Module):
         self.norm2 = nn.RMSNorm(d_model, eps=eps)
         self.mlp = SwiGLU(d_model, d_ff, dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, L, d) → G(x): (B, L, d)."""
-        a = self.attn(self.norm1(x))
-        m = self.mlp(self.norm2(x + a))
-        return a + m
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv: KVSlot | None = None,
+        active: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: (B, L, d) → G(x): (B, L, d).
+
+        ``kv``: cache slot of this application (x holds the new positions only). ``active``:
+        (B, L) bool; G is computed on active rows and is 0 elsewhere (eval mode).
+        """
+        if active is None:
+            a = self.attn(self.norm1(x), kv=kv)
+            return a + self.mlp(self.norm2(x + a))
+        out = torch.zeros_like(x)
+        if not bool(active.any()):
+            return out
+        a = self.attn(self.norm1(x), kv=kv, active=active)  # (N_active, d)
+        out[active] = a + self.mlp(self.norm2(x[active] + a))
+        return out
+
+
+class BlockCall:
+    """The shared block bound to one forward pass's attention arguments.
+
+    Recurrences call ``block(x)`` once per body application; with a cache every call takes the
+    next slot (slot i = the i-th application of the pass, the same order for the prompt and for
+    each decoded token), and ``active`` restricts the work to active rows.
+    """
+
+    def __init__(
+        self, block: Block, *, cache: KVCache | None = None, active: torch.Tensor | None = None
+    ) -> None:
+        self.block, self.cache, self.active, self.calls = block, cache, active, 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        kv = KVSlot(self.cache, self.calls) if self.cache is not None else None
+        self.calls += 1
+        return self.block(x, kv=kv, active=self.active)
