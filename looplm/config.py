@@ -37,6 +37,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+INIT_SCHEMES = ("normal", "depth_scaled")
+
+
 @dataclass
 class ModelConfig:
     """Shape of the model and the recurrence it runs.
@@ -56,7 +59,15 @@ class ModelConfig:
     context: int = 128
     dropout: float = 0.1
     n_layers: int = 8  # unshared models only: number of distinct layers
-    norm_eps: float = 1e-6
+    norm_eps: float = 1e-6  # RMSNorm ε (the paper is silent; 1e-6 is the toolkit's choice)
+    # Initialisation (the paper is silent on all of it). ``normal``: every projection N(0, init_std)
+    # and both embeddings N(0, emb_std). ``depth_scaled``: as normal, but the block's two residual
+    # output projections (attention out, SwiGLU down) are N(0, init_std / sqrt(2·init_depth)) —
+    # GPT-2's residual scaling with the unrolled loop depth as the layer count.
+    init: str = "normal"
+    init_std: float = 0.02
+    emb_std: float = 0.02
+    init_depth: int = 8
 
     def validate(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "context", "n_layers")
@@ -68,6 +79,12 @@ class ModelConfig:
             raise LoopLMError(f"model.dropout={self.dropout} must be in [0, 1)")
         if self.tokenizer not in ("gpt2", "bytes"):
             raise LoopLMError(f"model.tokenizer={self.tokenizer!r}; allowed: gpt2, bytes")
+        if self.init not in INIT_SCHEMES:
+            raise LoopLMError(f"model.init={self.init!r}; allowed: {', '.join(INIT_SCHEMES)}")
+        _positive(self, "init_depth")
+        for key in ("init_std", "emb_std", "norm_eps"):
+            if not getattr(self, key) > 0:
+                raise LoopLMError(f"model.{key}={getattr(self, key)} must be > 0")
 
 
 @dataclass

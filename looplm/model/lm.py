@@ -12,6 +12,7 @@ only when asked for (``return_states=True``), so evaluation memory is flat in T.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -60,11 +61,28 @@ class LanguageModelBase(nn.Module):
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def _init_weights(self) -> None:
-        # GPT-2 style N(0, 0.02) for every projection and embedding (frozen ones included: a frozen
-        # random anchor is drawn from the same distribution, then never trained).
+        """``model.init`` (see :class:`~looplm.config.ModelConfig`).
+
+        ``normal`` (default): GPT-2 style N(0, init_std = 0.02) for every projection and
+        N(0, emb_std = 0.02) for both embeddings (frozen projections included: a frozen random
+        anchor is drawn from the same distribution, then never trained). ``depth_scaled``: the
+        block's residual output projections get std init_std / sqrt(2·init_depth). Modules that
+        define ``init_weights()`` (e.g. a recurrence's projection start) run it afterwards.
+        """
+        cfg = self.config
+        residual = cfg.init_std / math.sqrt(2 * cfg.init_depth)
+        embeddings = (self.tok_emb, self.pos_emb)
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if any(m is e for e in embeddings):
+                nn.init.normal_(m.weight, mean=0.0, std=cfg.emb_std)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, mean=0.0, std=cfg.init_std)
+            elif isinstance(m, nn.Linear):
+                out_proj = getattr(m, "residual_output", False) and cfg.init == "depth_scaled"
+                nn.init.normal_(m.weight, mean=0.0, std=residual if out_proj else cfg.init_std)
+        for m in self.modules():
+            if m is not self and hasattr(m, "init_weights"):
+                m.init_weights()
 
     def embed(self, input_ids: torch.Tensor, pos_offset: int = 0) -> torch.Tensor:
         """(B, L) token ids → e = P(x): (B, L, d); positions start at ``pos_offset``."""

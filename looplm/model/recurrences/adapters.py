@@ -50,6 +50,7 @@ class AdapterConfig:
     alpha_init: float = 0.15  # learned scalar source gain α
     anchor_scale: float = 0.1
     init_delta_scale: float = 0.1
+    proj_init: str = "normal"  # normal | identity: where anchor_proj / init_delta_proj start
 
 
 class AdapterBase(Recurrence):
@@ -65,7 +66,9 @@ class AdapterBase(Recurrence):
 
     def __init__(self, d_model: int, cfg: AdapterConfig) -> None:
         super().__init__(d_model, cfg)
-        self.anchors = AnchorInit(d_model, "learned", cfg.anchor_scale, cfg.init_delta_scale)
+        self.anchors = AnchorInit(
+            d_model, "learned", cfg.anchor_scale, cfg.init_delta_scale, cfg.proj_init
+        )
         use_w_in = getattr(cfg, "w_in", self.source_projection)
         self.w_in = nn.Linear(d_model, d_model, bias=False) if use_w_in else None
         self.alpha = nn.Parameter(torch.tensor(float(cfg.alpha_init)))

@@ -18,6 +18,11 @@ from looplm.errors import LoopLMError
 from looplm.model.recurrences.base import LoopContext
 
 ANCHOR_MODES = ("learned", "embedding", "init", "frozen_random")
+# Where the two projections start (the paper is silent): ``normal`` draws them like every other
+# projection (N(0, model.init_std)); ``identity`` starts anchor_proj at 0 and init_delta_proj at I,
+# so h* = e and Δ0 = init_delta_scale·e at step 0 (the token's own embedding, not a random
+# projection of it, seeds the deviation).
+PROJ_INITS = ("normal", "identity")
 
 
 class AnchorInit(nn.Module):
@@ -29,11 +34,15 @@ class AnchorInit(nn.Module):
         anchor: str = "learned",
         anchor_scale: float = 0.1,
         init_delta_scale: float = 0.1,
+        proj_init: str = "normal",
     ) -> None:
         super().__init__()
         if anchor not in ANCHOR_MODES:
             raise LoopLMError(f"unknown anchor {anchor!r}; allowed: {', '.join(ANCHOR_MODES)}")
+        if proj_init not in PROJ_INITS:
+            raise LoopLMError(f"proj_init={proj_init!r}; allowed: {', '.join(PROJ_INITS)}")
         self.mode = anchor
+        self.proj_init = proj_init
         self.anchor_scale = anchor_scale
         self.init_delta_scale = init_delta_scale
         self.init_delta_proj = nn.Linear(d_model, d_model, bias=False)
@@ -43,6 +52,14 @@ class AnchorInit(nn.Module):
                 self.anchor_proj.weight.requires_grad_(False)
         else:
             self.anchor_proj = None
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Called by the model after its generic initialisation (``proj_init``)."""
+        if self.proj_init == "identity":
+            nn.init.eye_(self.init_delta_proj.weight)
+            if self.anchor_proj is not None and self.mode != "frozen_random":
+                nn.init.zeros_(self.anchor_proj.weight)
 
     def initial(self, e: torch.Tensor) -> torch.Tensor:
         """H0(e) = e + 0.1 · init_delta_proj(e)."""

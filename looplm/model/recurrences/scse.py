@@ -37,6 +37,7 @@ class SCSEConfig:
     anchor: str = "learned"  # learned | embedding | init | frozen_random (Table 2 ablations)
     anchor_scale: float = 0.1
     init_delta_scale: float = 0.1
+    proj_init: str = "normal"  # normal | identity: where anchor_proj / init_delta_proj start
 
     def validate(self) -> None:
         if self.anchor not in ANCHOR_MODES:
@@ -57,7 +58,9 @@ class SCSE(Recurrence):
 
     def __init__(self, d_model: int, cfg: SCSEConfig) -> None:
         super().__init__(d_model, cfg)
-        self.anchors = AnchorInit(d_model, cfg.anchor, cfg.anchor_scale, cfg.init_delta_scale)
+        self.anchors = AnchorInit(
+            d_model, cfg.anchor, cfg.anchor_scale, cfg.init_delta_scale, cfg.proj_init
+        )
 
     def prepare(self, e: torch.Tensor) -> LoopContext:
         return self.anchors.context(e)
