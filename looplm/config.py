@@ -203,6 +203,13 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     out_dir: str = "runs/default"
     name: str = ""
+    # The method's name in results (store rows, reports); "" means the recurrence name. Lets one
+    # recurrence with different settings appear as distinct methods (e.g. the two looped baselines).
+    method: str = ""
+
+    @property
+    def method_label(self) -> str:
+        return self.method or self.model.recurrence
 
     def validate(self) -> RunConfig:
         self.model.validate()

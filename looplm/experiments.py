@@ -16,7 +16,8 @@ Config keys (all but ``base``, ``methods`` optional)::
     torch_threads: 1                   # torch.set_num_threads for the whole sweep (null: leave)
     protocol: wt2-tiny                 # protocol identity (default <dataset>-<steps>)
     base: {model: {...}, data: {...}, train: {...}, eval: {...}}   # a RunConfig, as configs/*.yaml
-    methods: [scse, looped]
+    methods: [scse, looped]           # or {name, recurrence, args, overrides} entries:
+      # - {name: looped_alpha, recurrence: looped, args: {learn_gain: true, injection_gain: 0.15}}
     seeds: [0, 1, 2]
     variants:                          # training overrides (key=value); default one unnamed variant
       - {name: "", overrides: []}
@@ -51,6 +52,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -132,6 +134,33 @@ def _depths(value: Any, where: str) -> list[int]:
     raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
 
 
+_METHOD_KEYS = {"name", "recurrence", "args", "overrides"}
+
+
+def _method_entry(m: Any, i: int) -> dict[str, Any]:
+    """A ``methods`` entry: a recurrence name, or ``{name, recurrence, args, overrides}`` — a
+    named method built from a recurrence with its own settings (``args``: recurrence settings;
+    ``overrides``: other ``key=value`` config overrides for this method only)."""
+    from looplm.model.recurrences import get_recurrence_class
+
+    if isinstance(m, str):
+        m = {"name": m}
+    m = _check_keys(m, _METHOD_KEYS, f"methods[{i}]")
+    if not m.get("name"):
+        raise LoopLMError(f"methods[{i}] needs a name")
+    name = str(m["name"])
+    rec = str(m.get("recurrence") or name)
+    if rec != "unshared":
+        get_recurrence_class(rec)  # LoopLMError naming the allowed methods
+    args = m.get("args") or {}
+    overrides = m.get("overrides") or []
+    if not isinstance(args, dict) or not isinstance(overrides, list):
+        raise LoopLMError(f"methods[{i}]: args must be a mapping and overrides a list")
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+        raise LoopLMError(f"methods[{i}].name={name!r}: use letters, digits and _ . + - only")
+    return {"name": name, "recurrence": rec, "args": args, "overrides": [str(o) for o in overrides]}
+
+
 def _merge(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in upd.items():
@@ -207,11 +236,11 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
     methods = raw.get("methods")
     if not methods or not isinstance(methods, list):
         raise LoopLMError(f"experiment config {p}: 'methods' must be a non-empty list")
-    from looplm.model.recurrences import get_recurrence_class
-
-    for m in methods:
-        if m != "unshared":
-            get_recurrence_class(str(m))  # LoopLMError naming the allowed methods
+    methods = [_method_entry(m, i) for i, m in enumerate(methods)]
+    labels = [m["name"] for m in methods]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise LoopLMError(f"experiment config {p}: method name {dup[0]!r} appears twice")
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds):
         raise LoopLMError(f"experiment config {p}: 'seeds' must be a list of integers")
@@ -223,20 +252,25 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
         overrides = var.get("overrides") or []
         if not isinstance(overrides, list):
             raise LoopLMError(f"variants[{i}].overrides must be a list of key=value strings")
-        for method in methods:
+        for entry in methods:
+            method = entry["name"]
             for seed in seeds:
                 sub = (
                     Path(vname) / method / f"seed{seed}" if vname else Path(method) / f"seed{seed}"
                 )
                 d = _merge(base, parse_overrides([str(o) for o in overrides]))
+                d = _merge(d, parse_overrides(entry["overrides"]))
                 d = _merge(
                     d,
                     {
-                        "model": {"recurrence": method},
+                        "model": {"recurrence": entry["recurrence"]},
                         "train": {"seed": seed},
                         "out_dir": str(out_root / sub),
+                        "method": method if method != entry["recurrence"] else "",
                     },
                 )
+                if entry["args"]:
+                    d = _merge(d, {"model": {"recurrence_args": entry["args"]}})
                 if data_dir and not d.get("data", {}).get("data_dir"):
                     d = _merge(d, {"data": {"data_dir": str(data_dir)}})
                 cfg = config_from_dict(d)

@@ -181,3 +181,35 @@ def test_bad_experiment_configs(tmp_path):
     )
     with pytest.raises(LoopLMError, match="evaluate.adaptive.ceil"):
         load_experiment(p)
+
+
+def test_method_entries_name_a_recurrence_with_its_own_settings(tmp_path) -> None:
+    path = make_experiment(tmp_path)
+    raw = yaml.safe_load(open(path))
+    raw["methods"] = [
+        "scse",
+        {
+            "name": "looped_alpha",
+            "recurrence": "looped",
+            "args": {"learn_gain": True, "injection_gain": 0.15},
+            "overrides": ["model.init=depth_scaled"],
+        },
+    ]
+    raw["seeds"] = [0]
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(raw))
+    exp = load_experiment(tmp_path / "m.yaml")
+    by = {r.method: r for r in exp.runs}
+    cfg = by["looped_alpha"].cfg
+    assert cfg.model.recurrence == "looped" and cfg.method_label == "looped_alpha"
+    assert cfg.model.recurrence_args == {"learn_gain": True, "injection_gain": 0.15}
+    assert cfg.model.init == "depth_scaled" and by["scse"].cfg.model.init == "normal"
+    assert by["scse"].cfg.method_label == "scse"
+    assert by["looped_alpha"].run_dir.parts[-2:] == ("looped_alpha", "seed0")
+    raw["methods"] = ["scse", {"name": "scse"}]
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(LoopLMError, match="method name 'scse' appears twice"):
+        load_experiment(tmp_path / "d.yaml")
+    raw["methods"] = [{"name": "x", "recurrence": "nope"}]
+    (tmp_path / "u.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(LoopLMError, match="unknown recurrence 'nope'"):
+        load_experiment(tmp_path / "u.yaml")

@@ -880,7 +880,7 @@ def evaluate_adaptive(
             model, data(split, max_tokens), T, device=device, repeats=timing_repeats
         )
     return {
-        "method": cfg.model.recurrence,
+        "method": cfg.method_label,
         "dataset": dataset or cfg.data.dataset,
         "split": canonical_split(split),
         "calib_split": canonical_split(calib_split),

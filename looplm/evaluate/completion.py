@@ -182,7 +182,7 @@ def evaluate_lambada_checkpoint(
     )
     return {
         "checkpoint": str(path),
-        "method": cfg.model.recurrence,
+        "method": cfg.method_label,
         "preset": cfg.model.preset,
         "dataset": "lambada",
         "split": "test",

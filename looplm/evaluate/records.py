@@ -158,7 +158,7 @@ def _base(
 ) -> dict[str, Any]:
     return {
         "model_hash": model_hash(cfg),
-        "method": cfg.model.recurrence,
+        "method": cfg.method_label,
         "protocol": protocol_name(cfg, protocol),
         "dataset": dataset,
         "split": canonical_split(split),

@@ -104,7 +104,7 @@ def evaluate_checkpoint(
     )
     return {
         "checkpoint": str(path),
-        "method": cfg.model.recurrence,
+        "method": cfg.method_label,
         "preset": cfg.model.preset,
         "dataset": cfg.data.dataset,
         "split": cfg.data.eval_split,
