@@ -29,21 +29,25 @@ def _c_body(recurrence: str) -> int:
     return int(get_recurrence_class(recurrence).body_calls_per_step)
 
 
-def flops(preset: str, recurrence: str, loops: int, seq_len: int = 128) -> dict[str, Any]:
+def flops(
+    preset: str, recurrence: str, loops: int, seq_len: int = 128, **overrides: Any
+) -> dict[str, Any]:
     """Per-token FLOP proxies of Eqs. 20–21 for ``recurrence`` at ``preset``, depth ``loops``.
 
     Returns ``{"body", "body_head", "head", "per_body", "n_body", "c_body", "d_model", "d_ff",
     "seq_len", "vocab_size"}``; ``body`` and ``body_head`` are FLOPs per token (integers).
-    ``flops("22m", "scse", 8)["body"] == 39_321_600`` (the paper's 39.3M).
+    ``flops("22m", "scse", 8)["body"] == 39_321_600`` (the paper's 39.3M). ``overrides`` are model
+    settings (e.g. ``prelude_layers=2, core_layers=3``): N_body counts every layer application
+    (:meth:`~looplm.config.ModelConfig.body_applications`).
     """
     if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
         raise LoopLMError(f"loops={loops!r}: the loop depth T must be an integer >= 1")
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise LoopLMError(f"seq_len={seq_len!r} must be a positive integer")
-    cfg = model_config(preset, recurrence)
+    cfg = model_config(preset, recurrence, **overrides)
     c_body = _c_body(recurrence)
     d, ff, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    n_body = min(loops, cfg.n_layers) if recurrence == "unshared" else c_body * loops
+    n_body = int(cfg.body_applications(loops, c_body))
     per_body = 8 * d * d + 6 * d * ff + 4 * seq_len * d  # Eq. 20, one body application
     body = n_body * per_body
     head = 2 * d * V  # Eq. 21, tied vocabulary projection
@@ -66,7 +70,11 @@ def parameter_count(preset: str, recurrence: str, **overrides: Any) -> dict[str,
 
     The model is built on the ``meta`` device (no memory, no initialisation cost), so the 136.5M
     preset counts in milliseconds. Returns ``{"total", "trainable", "embedding", "body",
-    "recurrence", "other"}``; the tied head is counted once, in ``embedding``.
+    "recurrence", "other", "n_rec", "n_once"}``; the tied head is counted once, in ``embedding``.
+    ``n_rec`` is the looped core's parameters (applied every loop step); ``n_once`` everything
+    else (embeddings and head, prelude and coda layers, the recurrence's own projections and
+    gains, the final norm) — the split of the recurrence scaling law. An unshared model has
+    ``n_rec = 0``.
     """
     import torch
 
@@ -79,14 +87,17 @@ def parameter_count(preset: str, recurrence: str, **overrides: Any) -> dict[str,
         top = name.split(".", 1)[0]
         if top in ("tok_emb", "pos_emb"):
             groups["embedding"] += p.numel()
-        elif top in ("block", "layers"):
+        elif top in ("block", "layers", "prelude", "coda"):
             groups["body"] += p.numel()
         elif top == "recurrence":
             groups["recurrence"] += p.numel()
         else:
             groups["other"] += p.numel()
+    n_rec = sum(p.numel() for n, p in model.named_parameters() if n.startswith("block."))
     return {
         "total": model.num_parameters(),
         "trainable": model.num_parameters(trainable_only=True),
         **groups,
+        "n_rec": n_rec,
+        "n_once": model.num_parameters() - n_rec,
     }

@@ -38,6 +38,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 INIT_SCHEMES = ("normal", "depth_scaled")
+POSITIONS = ("learned", "rope", "none")
+ATTENTIONS = ("causal", "adjacency")
 
 
 @dataclass
@@ -68,6 +70,26 @@ class ModelConfig:
     init_std: float = 0.02
     emb_std: float = 0.02
     init_depth: int = 8
+    # Structural biases (seed 003 (1)): ``positions`` learned (absolute, the paper's) | rope
+    # (rotary, relative) | none; ``attention`` causal | adjacency (a token attends only where the
+    # input's graph allows — see looplm.data.synthetic.adjacency_mask; not causal).
+    positions: str = "learned"
+    rope_base: float = 10000.0
+    attention: str = "causal"
+    # Prelude–core–coda layout (Huginn/Ouro-style): non-looped layers applied once before the loop
+    # (prelude) and after it (coda), and a looped core of ``core_layers`` layers that together form
+    # the shared update G. Today's models are 0/1/0.
+    prelude_layers: int = 0
+    core_layers: int = 1
+    coda_layers: int = 0
+
+    def body_applications(self, loops: float, c_body: int = 1) -> float:
+        """Layer applications per token at loop depth ``loops`` (N_body of Eq. 20): the unshared
+        model runs min(T, n_layers) layers; a looped model runs its prelude and coda once and its
+        k-layer core ``c_body`` times per loop step."""
+        if self.recurrence == "unshared":
+            return min(float(loops), float(self.n_layers))
+        return self.prelude_layers + self.coda_layers + c_body * self.core_layers * float(loops)
 
     def validate(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "context", "n_layers")
@@ -79,6 +101,20 @@ class ModelConfig:
             raise LoopLMError(f"model.dropout={self.dropout} must be in [0, 1)")
         if self.tokenizer not in ("gpt2", "bytes"):
             raise LoopLMError(f"model.tokenizer={self.tokenizer!r}; allowed: gpt2, bytes")
+        for key, allowed in (("positions", POSITIONS), ("attention", ATTENTIONS)):
+            if getattr(self, key) not in allowed:
+                raise LoopLMError(
+                    f"model.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
+                )
+        _positive(self, "core_layers")
+        for key in ("prelude_layers", "coda_layers"):
+            if isinstance(getattr(self, key), bool) or getattr(self, key) < 0:
+                raise LoopLMError(f"model.{key}={getattr(self, key)!r} must be an integer >= 0")
+        if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
+            raise LoopLMError(
+                f"model.positions=rope needs an even head size, got d_model/n_heads = "
+                f"{self.d_model // self.n_heads}"
+            )
         if self.init not in INIT_SCHEMES:
             raise LoopLMError(f"model.init={self.init!r}; allowed: {', '.join(INIT_SCHEMES)}")
         _positive(self, "init_depth")

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from looplm.errors import LoopLMError
-from looplm.model.block import BlockCall, KVCache
+from looplm.model.block import KVCache
 
 __all__ = ["KVCache", "generate", "next_logits"]
 
@@ -34,13 +34,16 @@ def next_logits(
     if not getattr(model, "is_looped", False):
         raise LoopLMError("cached generation needs a looped model (recurrence != unshared)")
     rec = model.recurrence
-    ctx = rec.prepare(model.embed(ids, pos_offset=cache.length))
-    block = BlockCall(model.block, cache=cache)
+    ctx = model.prepare(ids, cache=cache, pos_offset=cache.length)
+    if "attn_mask" in ctx.extra:
+        raise LoopLMError("a KV cache cannot serve a data-given attention mask (model.attention)")
+    block = model.core_call(ctx, cache=cache)
     s = rec.init_state(ctx)
     for t in range(loops):
         s = rec.step(block, s, ctx, t)
+    h = model.finish(rec.to_hidden(s, ctx), ctx, cache=cache, first_slot=block.slot)
     cache.length += ids.shape[1]
-    return model.readout(rec.to_hidden(s, ctx)[:, -1])
+    return model.readout(h[:, -1])
 
 
 @torch.no_grad()

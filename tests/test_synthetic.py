@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from looplm.data.synthetic import (
+    NODE_TASKS,
     TASKS,
     bool_logic_example,
     graph_reach_example,
@@ -95,7 +96,7 @@ def test_relational_text_answers(depth: int) -> None:
         assert _reachable(facts, src, dst) == (ans == "Y"), text
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", [t for t in TASKS if t not in NODE_TASKS])
 def test_batches_are_balanced_deterministic_and_supervised_once(task: str) -> None:
     a = make_batch(task, 64, (1, 3), seed=5)
     b = make_batch(task, 64, (1, 3), seed=5)
@@ -114,3 +115,18 @@ def test_too_long_examples_and_bad_ranges_are_clear_errors() -> None:
         make_batch("graph_reach", 2, (3, 1), seed=0)
     with pytest.raises(LoopLMError, match="unknown synthetic task"):
         make_batch("nope", 2, (1, 1), seed=0)
+
+
+@pytest.mark.parametrize("task", NODE_TASKS)
+def test_node_task_batches_are_balanced_deterministic_and_carry_distances(task: str) -> None:
+    a = make_batch(task, 32, (1, 4), seed=5)
+    b = make_batch(task, 32, (1, 4), seed=5)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.targets, b.targets)
+    sup = a.targets != -100
+    answers = a.targets[sup]
+    assert (answers == ord("Y")).sum() == (answers == ord("N")).sum()  # balanced per example
+    assert set(a.difficulty[sup].tolist()) <= {1, 2, 3, 4}
+    reach = a.distance[sup][answers == ord("Y")]
+    assert bool((reach >= 1).all()) and bool((a.distance[sup][answers == ord("N")] == -1).all())
+    with pytest.raises(LoopLMError, match="one graph per row"):
+        make_batch(task, 2, (1, 2), seed=0, seq_len=64)

@@ -106,21 +106,122 @@ def relational_text_example(
     return f"{text} {_NAMES[a[0]]}>{_NAMES[target]}?", "Y" if reach else "N"
 
 
+GRAPH_SEP = ord("|")
+
+
+@dataclass
+class NodeExample:
+    """A graph example with one token per node: ``text``; ``answers[i]`` is the label at text
+    position i ('Y'/'N'), ``distance[i]`` the node's shortest-path distance from the source
+    (−1 when unreachable)."""
+
+    text: str
+    answers: dict[int, str]
+    distance: dict[int, int]
+
+
+def graph_nodes_example(rng: random.Random, depth: int, want: bool | None = None) -> NodeExample:
+    """Graph reachability with one token per node, for adjacency-masked attention.
+
+    ``ab;bc;xb|Acbxy``: the directed edges (``u v`` pairs, shuffled), ``|``, then every node once
+    (shuffled), the source in upper case. Every node except the source and the decoy root is a
+    query: its label is ``Y`` if the source reaches it, else ``N``. The graph has two components
+    with the same layered shape: the source's (layers 0 … ``depth``, 1–2 nodes per layer, each node
+    of layer i+1 with an edge from layer i and sometimes a second one, never a shortcut) and a decoy
+    one that the source cannot reach; a few edges run from the decoy component into the source's
+    (they change no label). So exactly half the queries are ``Y``, and the deepest reachable node
+    is ``depth`` hops away: the difficulty is the number of propagation steps needed
+    (≤ 12; 26 letters).
+    """
+    del want  # labels are balanced within each example
+    if depth > 12:
+        raise LoopLMError(f"graph_nodes difficulty {depth} > 12 (26 letters, two components)")
+    extra = rng.randint(0, min(depth, 12 - depth))  # second nodes, in random layers
+    doubled = set(rng.sample(range(1, depth + 1), extra))
+    sizes = [1] + [2 if i in doubled else 1 for i in range(1, depth + 1)]
+    letters = rng.sample("abcdefghijklmnopqrstuvwxyz", 2 * sum(sizes))
+    edges: list[tuple[str, str]] = []
+    comps = []
+    for _c in range(2):
+        layers = [[letters.pop() for _ in range(n)] for n in sizes]
+        for i in range(depth):
+            for v in layers[i + 1]:
+                parents = rng.sample(layers[i], min(len(layers[i]), 1 + (rng.random() < 0.3)))
+                edges += [(u, v) for u in parents]
+        comps.append(layers)
+    reach, decoy = comps
+    decoy_nodes = [v for layer in decoy for v in layer]
+    reach_nodes = [v for layer in reach[1:] for v in layer]
+    for _ in range(rng.randint(0, max(1, depth // 2))):  # decoy → reachable: labels unchanged
+        edges.append((rng.choice(decoy_nodes), rng.choice(reach_nodes)))
+    edges = sorted(set(edges), key=lambda e: rng.random())
+    dist = {v: i for i, layer in enumerate(reach) for v in layer}
+    nodes = [v for layer in reach + decoy for v in layer]
+    rng.shuffle(nodes)
+    src, root = reach[0][0], decoy[0][0]
+    head = ";".join(u + v for u, v in edges) + "|"
+    text = head + "".join(v.upper() if v == src else v for v in nodes)
+    answers, distance = {}, {}
+    for j, v in enumerate(nodes):
+        if v in (src, root):
+            continue
+        answers[len(head) + j] = "Y" if v in dist else "N"
+        distance[len(head) + j] = dist.get(v, -1)
+    return NodeExample(text, answers, distance)
+
+
+def adjacency_mask(input_ids: torch.Tensor) -> torch.Tensor:
+    """The attention mask of ``model.attention=adjacency``: (B, L) ids → (B, L, L) bool.
+
+    For a :func:`graph_nodes_example` row, the position of node v may attend to itself and to the
+    positions of its in-neighbours u (edges ``u v``), so one attention layer moves information
+    exactly one hop along the edges. Every other position (the edge list, ``|``, padding, rows
+    without ``|``) attends only to itself.
+    """
+    B, L = input_ids.shape
+    mask = torch.eye(L, dtype=torch.bool, device=input_ids.device).repeat(B, 1, 1)
+    rows = input_ids.tolist()
+    bi, qi, ki = [], [], []
+    for b, ids in enumerate(rows):
+        if GRAPH_SEP not in ids:
+            continue
+        sep = ids.index(GRAPH_SEP)
+        pos = {}
+        for j in range(sep + 1, L):
+            c = ids[j]
+            if not (65 <= c <= 90 or 97 <= c <= 122):
+                break
+            pos[c | 0x20] = j  # lower-cased letter → its node position
+        for i in range(0, sep - 1, 3):  # "uv;" triples
+            u, v = ids[i] | 0x20, ids[i + 1] | 0x20
+            if u in pos and v in pos:
+                bi.append(b)
+                qi.append(pos[v])
+                ki.append(pos[u])
+    if bi:
+        mask[bi, qi, ki] = True
+    return mask
+
+
 _EXAMPLES = {
     "bool_logic": bool_logic_example,
     "graph_reach": graph_reach_example,
     "relational_text": relational_text_example,
+    "graph_nodes": graph_nodes_example,
 }
 TASKS = tuple(_EXAMPLES)
+NODE_TASKS = ("graph_nodes",)  # one answer per node, at the node's own position
 
 
 @dataclass
 class TaskBatch:
-    """input_ids (B, L) int64; targets (B, L), -100 except at answer positions; difficulty (B, L)."""
+    """input_ids (B, L) int64; targets (B, L), -100 except at answer positions; difficulty (B, L);
+    distance (B, L): graph tasks' per-query hop distance (−1 unreachable), 0 elsewhere."""
 
     input_ids: torch.Tensor
     targets: torch.Tensor
     difficulty: torch.Tensor  # difficulty of the example answered at each position, 0 elsewhere
+    distance: torch.Tensor | None = None
 
 
 def make_batch(
@@ -143,41 +244,55 @@ def make_batch(
     if lo < 1 or hi < lo:
         raise LoopLMError(f"difficulty range {difficulty} must satisfy 1 <= lo <= hi")
     seq_len = min(seq_len, max_len) if seq_len > 0 else 0  # 0: one example per row
+    if task in NODE_TASKS and seq_len:
+        raise LoopLMError(
+            f"task {task!r} takes one graph per row: data.task_args.seq_len must be 0"
+        )
     rng = random.Random(seed)
     rows, k = [], 0
     for _ in range(batch_size):
         ids: list[int] = []
         tgt: list[int] = []
         dif: list[int] = []
+        hop: list[int] = []
         while True:
             depth = rng.randint(lo, hi)
-            text, ans = _EXAMPLES[task](rng, depth, want=bool(k % 2))
-            ex = list((text + ans + ";").encode())
-            if len(ex) > max_len:
+            ex = _EXAMPLES[task](rng, depth, want=bool(k % 2))
+            if isinstance(ex, NodeExample):
+                text, answers, dist = ex.text, ex.answers, ex.distance
+            else:  # '=' (the last character) predicts the answer, which follows it
+                text, answers, dist = ex[0] + ex[1] + ";", {len(ex[0]) - 1: ex[1]}, {}
+            n = len(text.encode())
+            if n > max_len:
                 raise LoopLMError(
-                    f"difficulty {depth} gives a {len(ex)}-token example, longer than the "
+                    f"difficulty {depth} gives a {n}-token example, longer than the "
                     f"context {max_len}; lower the difficulty or raise model.context"
                 )
-            if ids and len(ids) + len(ex) > seq_len:
+            if ids and len(ids) + n > seq_len:
                 break
             k += 1
-            eq = len(ids) + len(text) - 1  # position of '=': predicts the answer
-            ids += ex
-            tgt += [-100] * len(ex)
-            dif += [0] * len(ex)
-            tgt[eq], dif[eq] = ord(ans), depth
+            base = len(ids)
+            ids += list(text.encode())
+            tgt += [-100] * n
+            dif += [0] * n
+            hop += [0] * n
+            for i, a in answers.items():
+                tgt[base + i], dif[base + i] = ord(a), depth
+                hop[base + i] = dist.get(i, 0)
             if len(ids) >= seq_len:  # always true for seq_len = 0
                 break
-        rows.append((ids, tgt, dif))
+        rows.append((ids, tgt, dif, hop))
     L = max(len(r[0]) for r in rows)
     x = torch.full((batch_size, L), PAD_ID, dtype=torch.long)
     y = torch.full((batch_size, L), -100, dtype=torch.long)
     d = torch.zeros((batch_size, L), dtype=torch.long)
-    for i, (ids, tgt, dif) in enumerate(rows):
+    h = torch.zeros((batch_size, L), dtype=torch.long)
+    for i, (ids, tgt, dif, hop) in enumerate(rows):
         x[i, : len(ids)] = torch.tensor(ids)
         y[i, : len(ids)] = torch.tensor(tgt)
         d[i, : len(ids)] = torch.tensor(dif)
-    return TaskBatch(x, y, d)
+        h[i, : len(ids)] = torch.tensor(hop)
+    return TaskBatch(x, y, d, h if task in NODE_TASKS else None)
 
 
 @torch.no_grad()

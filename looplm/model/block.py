@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from looplm.errors import LoopLMError
+
 
 @dataclass
 class KVCache:
@@ -62,12 +64,35 @@ class KVSlot:
         return k, v
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention through ``scaled_dot_product_attention``."""
+def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding (RoFormer, "rotate half" layout): x (B, nh, L, hs) rotated by the
+    angles ``pos · base^(−2i/hs)``; pos (L,) or (B, L) integer positions. The score of a rotated
+    query at p and key at p' depends on p − p' only (relative positions)."""
+    hs = x.shape[-1]
+    half = hs // 2
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    inv = base ** (-torch.arange(half, device=x.device, dtype=wide) * 2.0 / hs)  # (half,)
+    ang = pos.to(wide)[..., None] * inv  # (…, L, half)
+    if ang.dim() == 3:  # per-example positions (B, L, half) → broadcast over heads
+        ang = ang[:, None]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out if 2 * half == hs else torch.cat([out, x[..., 2 * half :]], dim=-1)
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention through ``scaled_dot_product_attention``.
+
+    ``rope_base`` > 0 rotates queries and keys by their positions (RoPE); ``mask`` (B, L, L_k)
+    bool, when given, replaces causality: query i may attend to key j iff ``mask[b, i, j]`` (the
+    adjacency-masked attention of graph tasks).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, rope_base: float = 0.0) -> None:
         super().__init__()
         self.n_heads = n_heads
+        self.rope_base = rope_base
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         self.proj.residual_output = True  # model.init=depth_scaled scales it
@@ -84,6 +109,7 @@ class CausalSelfAttention(nn.Module):
         *,
         kv: KVSlot | None = None,
         active: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d), already normalised → (B, L, d), or (N_active, d) with ``active``."""
         B, L, d = x.shape
@@ -100,20 +126,31 @@ class CausalSelfAttention(nn.Module):
             q_pos = torch.argsort((~active).to(torch.int8), dim=1, stable=True)[:, :A]
             xq = x.gather(1, q_pos[..., None].expand(B, A, d))  # (B, A, d)
             q = self._heads(F.linear(xq, w[:d]))  # (B, nh, A, hs)
+        if self.rope_base > 0:
+            pos = torch.arange(past, past + L, device=x.device)
+            k = rope(k, pos, self.rope_base)
+            q = rope(q, pos if q_pos is None else q_pos + past, self.rope_base)
         if kv is not None:
+            if mask is not None:
+                raise LoopLMError("a KV cache cannot serve a data-given attention mask")
             k, v = kv.append(k, v)  # (B, nh, past + L, hs)
-        if q_pos is None and past == 0:
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-            )
-        else:  # query at position p sees keys 0 … p
-            if q_pos is None:
-                q_pos = torch.arange(L, device=x.device)[None, :]  # (1, L)
-            keys = torch.arange(past + L, device=x.device)
-            allowed = keys[None, None, None, :] <= (q_pos + past)[:, None, :, None]
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
-            )
+        drop = self.dropout if self.training else 0.0
+        if q_pos is None and past == 0 and mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        else:
+            if mask is not None:  # (B, L, L): the data's mask replaces causality
+                allowed = (
+                    mask
+                    if q_pos is None
+                    else mask.gather(1, q_pos[..., None].expand(-1, -1, mask.shape[-1]))
+                )
+                allowed = allowed[:, None]  # (B, 1, Lq, Lk)
+            else:  # query at position p sees keys 0 … p
+                if q_pos is None:
+                    q_pos = torch.arange(L, device=x.device)[None, :]  # (1, L)
+                keys = torch.arange(past + L, device=x.device)
+                allowed = keys[None, None, None, :] <= (q_pos + past)[:, None, :, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
         y = y.transpose(1, 2)  # (B, Lq, nh, hs)
         if active is not None:
             real = torch.arange(y.shape[1], device=x.device)[None, :] < counts[:, None]
@@ -139,12 +176,20 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """The shared update ``G``; ``block(x)`` returns ``G(x)`` with ``G(0) = 0``."""
 
+    n_layers = 1  # block applications per call (KV-cache slots it takes)
+
     def __init__(
-        self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, eps: float = 1e-6
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        eps: float = 1e-6,
+        rope_base: float = 0.0,
     ) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(d_model, eps=eps)
-        self.attn = CausalSelfAttention(d_model, n_heads, dropout)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout, rope_base)
         self.norm2 = nn.RMSNorm(d_model, eps=eps)
         self.mlp = SwiGLU(d_model, d_ff, dropout)
 
@@ -154,37 +199,82 @@ class Block(nn.Module):
         *,
         kv: KVSlot | None = None,
         active: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d) → G(x): (B, L, d).
 
         ``kv``: cache slot of this application (x holds the new positions only). ``active``:
-        (B, L) bool; G is computed on active rows and is 0 elsewhere (eval mode).
+        (B, L) bool; G is computed on active rows and is 0 elsewhere (eval mode). ``mask``:
+        (B, L, L) bool attention mask that replaces causality (graph adjacency).
         """
         if active is None:
-            a = self.attn(self.norm1(x), kv=kv)
+            a = self.attn(self.norm1(x), kv=kv, mask=mask)
             return a + self.mlp(self.norm2(x + a))
         out = torch.zeros_like(x)
         if not bool(active.any()):
             return out
-        a = self.attn(self.norm1(x), kv=kv, active=active)  # (N_active, d)
+        a = self.attn(self.norm1(x), kv=kv, active=active, mask=mask)  # (N_active, d)
         out[active] = a + self.mlp(self.norm2(x[active] + a))
         return out
 
 
+class Core(nn.Module):
+    """A looped core of k > 1 layers used as one shared update ``G``:
+
+        y_0 = x,   y_i = y_{i−1} + G_i(y_{i−1})  (i = 1 … k),   G(x) = y_k − x = Σ_i G_i(y_{i−1})
+
+    i.e. k pre-norm blocks in sequence, returned as an update. Each G_i is bias-free with
+    G_i(0) = 0, so y stays 0 from x = 0 and G(0) = 0 exactly. With a KV cache every layer takes a
+    slot of its own (``kv``: a list of k slots).
+    """
+
+    def __init__(self, layers: list[Block]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.n_layers = len(layers)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv: list[KVSlot] | None = None,
+        active: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        y, total = x, None
+        for i, layer in enumerate(self.layers):
+            g = layer(y, kv=kv[i] if kv is not None else None, active=active, mask=mask)
+            y = y + g
+            total = g if total is None else total + g
+        return total
+
+
 class BlockCall:
-    """The shared block bound to one forward pass's attention arguments.
+    """The shared block (or k-layer core) bound to one forward pass's attention arguments.
 
     Recurrences call ``block(x)`` once per body application; with a cache every call takes the
-    next slot (slot i = the i-th application of the pass, the same order for the prompt and for
-    each decoded token), and ``active`` restricts the work to active rows.
+    next slot(s) (slot i = the i-th layer application of the pass, the same order for the prompt
+    and for each decoded token), ``active`` restricts the work to active rows, and ``mask`` is the
+    pass's data-given attention mask.
     """
 
     def __init__(
-        self, block: Block, *, cache: KVCache | None = None, active: torch.Tensor | None = None
+        self,
+        block: nn.Module,
+        *,
+        cache: KVCache | None = None,
+        active: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        first_slot: int = 0,
     ) -> None:
-        self.block, self.cache, self.active, self.calls = block, cache, active, 0
+        self.block, self.cache, self.active, self.mask = block, cache, active, mask
+        self.slot = first_slot
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        kv = KVSlot(self.cache, self.calls) if self.cache is not None else None
-        self.calls += 1
-        return self.block(x, kv=kv, active=self.active)
+        kv = None
+        n = getattr(self.block, "n_layers", 1)
+        if self.cache is not None:
+            slots = [KVSlot(self.cache, self.slot + i) for i in range(n)]
+            kv = slots if isinstance(self.block, Core) else slots[0]
+        self.slot += n
+        return self.block(x, kv=kv, active=self.active, mask=self.mask)

@@ -1,10 +1,17 @@
-"""LoopedLM: embed → anchor/initial state → loop(block, recurrence, T) → readout.
+"""LoopedLM: embed → [prelude] → anchor/initial state → loop(core, recurrence, T) → [coda] → readout.
 
-    e = P(x)                       token + learned position embedding      (B, L, d)
+    e = P(x)                       token (+ learned position) embedding    (B, L, d)
+    e ← prelude(e)                 ``prelude_layers`` non-looped layers (none by default)
     ctx = recurrence.prepare(e)    h* and whatever the method computes once
     s_0 = recurrence.init_state(ctx)
-    s_{t+1} = recurrence.step(block, s_t, ctx, t)     t = 0 … T−1, one shared block
-    logits = RMSNorm(h_T) @ Eᵀ     tied output head                         (B, L, V)
+    s_{t+1} = recurrence.step(G, s_t, ctx, t)     t = 0 … T−1, one shared core G
+    h = coda(h_T)                  ``coda_layers`` non-looped layers (none by default)
+    logits = RMSNorm(h) @ Eᵀ       tied output head                         (B, L, V)
+
+The shared core G is one block, or ``core_layers`` = k blocks composed into one update
+(:class:`~looplm.model.block.Core`). Positions are learned (absolute), rotary or absent
+(``model.positions``); ``model.attention=adjacency`` replaces causal attention by the input's graph
+(:func:`looplm.data.synthetic.adjacency_mask`) in every layer.
 
 The loop count is a call-time argument: one trained model is evaluated at any depth. States are kept
 only when asked for (``return_states=True``), so evaluation memory is flat in T.
@@ -22,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
-from looplm.model.block import Block
+from looplm.model.block import Block, BlockCall, Core, KVCache
 from looplm.model.loss import linear_cross_entropy
 from looplm.model.recurrences import LoopContext, build_recurrence
 
@@ -56,9 +63,40 @@ class LanguageModelBase(nn.Module):
         super().__init__()
         self.config = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
+        self.pos_emb = (
+            nn.Embedding(cfg.context, cfg.d_model) if cfg.positions == "learned" else None
+        )
         self.emb_drop = nn.Dropout(cfg.dropout)
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+    def new_block(self) -> Block:
+        """A Transformer layer with this model's width, norms and position encoding."""
+        c = self.config
+        rope_base = c.rope_base if c.positions == "rope" else 0.0
+        return Block(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, rope_base)
+
+    def attention_mask(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The data-given attention mask (B, L, L) of ``model.attention=adjacency``, else None."""
+        if self.config.attention != "adjacency":
+            return None
+        from looplm.data.synthetic import adjacency_mask
+
+        return adjacency_mask(input_ids)
+
+    @staticmethod
+    def run_layers(
+        layers: nn.ModuleList,
+        h: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        first_slot: int = 0,
+    ) -> torch.Tensor:
+        """``h ← h + G_i(h)`` through non-looped ``layers`` (prelude, coda, unshared stack)."""
+        call = BlockCall(None, cache=cache, mask=mask, first_slot=first_slot)
+        for layer in layers:
+            call.block = layer
+            h = h + call(h)
+        return h
 
     def _init_weights(self) -> None:
         """``model.init`` (see :class:`~looplm.config.ModelConfig`).
@@ -105,8 +143,10 @@ class LanguageModelBase(nn.Module):
                 raise LoopLMError(
                     f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})"
                 )
-        pos = torch.arange(pos_offset, pos_offset + L, device=input_ids.device)
-        return self.emb_drop(self.tok_emb(input_ids) + self.pos_emb(pos))
+        e = self.tok_emb(input_ids)
+        if self.pos_emb is not None:
+            e = e + self.pos_emb(torch.arange(pos_offset, pos_offset + L, device=input_ids.device))
+        return self.emb_drop(e)
 
     def readout(self, h: torch.Tensor) -> torch.Tensor:
         """C(RMSNorm(h)) with the head tied to the token embedding: (…, d) → (…, V)."""
@@ -186,14 +226,62 @@ class LoopedLM(LanguageModelBase):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.block = Block(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.norm_eps)
+        # Non-looped layers are created before the core so that a 0/1/0 model registers (and
+        # initialises) its modules exactly as a plain single-block model.
+        self.prelude = nn.ModuleList(self.new_block() for _ in range(cfg.prelude_layers))
+        k = cfg.core_layers
+        self.block = self.new_block() if k == 1 else Core([self.new_block() for _ in range(k)])
+        self.coda = nn.ModuleList(self.new_block() for _ in range(cfg.coda_layers))
         self.recurrence = build_recurrence(cfg.recurrence, cfg.d_model, cfg.recurrence_args)
         self._init_weights()
 
     # -- the one-step map ------------------------------------------------------------------
-    def prepare(self, input_ids: torch.Tensor) -> LoopContext:
-        """Everything computed once per input: e, h*, …"""
-        return self.recurrence.prepare(self.embed(input_ids))
+    def prepare(
+        self, input_ids: torch.Tensor, *, cache: KVCache | None = None, pos_offset: int = 0
+    ) -> LoopContext:
+        """Everything computed once per input: e (after the prelude), h*, … and the attention
+        mask (``ctx.extra["attn_mask"]`` for adjacency attention). With ``cache`` the prelude's
+        keys/values go to slots 0 … prelude_layers − 1."""
+        mask = self.attention_mask(input_ids)
+        e = self.embed(input_ids, pos_offset=pos_offset)
+        if len(self.prelude):
+            e = self.run_layers(self.prelude, e, mask, cache)
+        ctx = self.recurrence.prepare(e)
+        if mask is not None:
+            ctx.extra["attn_mask"] = mask
+        return ctx
+
+    def core_call(
+        self,
+        context: LoopContext,
+        *,
+        cache: KVCache | None = None,
+        active: torch.Tensor | None = None,
+    ) -> BlockCall:
+        """The shared core G bound to this pass (mask, cache slots after the prelude's, active
+        rows): what a recurrence's ``step`` calls."""
+        return BlockCall(
+            self.block,
+            cache=cache,
+            active=active,
+            mask=context.extra.get("attn_mask"),
+            first_slot=len(self.prelude),
+        )
+
+    def finish(
+        self,
+        h: torch.Tensor,
+        context: LoopContext | None = None,
+        *,
+        cache: KVCache | None = None,
+        first_slot: int = 0,
+    ) -> torch.Tensor:
+        """The coda applied to a loop state (B, L, d): what the readout reads. Identity without
+        coda layers. ``first_slot``: the coda's first KV-cache slot."""
+        if not len(self.coda):
+            return h
+        mask = context.extra.get("attn_mask") if context is not None else None
+        return self.run_layers(self.coda, h, mask, cache, first_slot)
 
     def step(
         self, h: torch.Tensor, context: LoopContext, t: int, *, mask: bool = True
@@ -203,7 +291,7 @@ class LoopedLM(LanguageModelBase):
         ``mask=False`` gives the raw pre-mask map (for b̃_t diagnostics).
         """
         rec = self.recurrence
-        s = rec.step(self.block, rec.from_hidden(h, context), context, t, mask=mask)
+        s = rec.step(self.core_call(context), rec.from_hidden(h, context), context, t, mask=mask)
         return rec.to_hidden(s, context)
 
     # -- the unroll ------------------------------------------------------------------------
@@ -217,48 +305,63 @@ class LoopedLM(LanguageModelBase):
         checkpoint_loops: bool = False,
         context: LoopContext | None = None,
     ) -> list[torch.Tensor]:
-        """[h_T] (or [h_0 … h_T] with ``keep_all``) in hidden coordinates."""
+        """[h_T] (or [h_0 … h_T] with ``keep_all``) in hidden coordinates, each passed through
+        the coda (so each is what the readout reads)."""
         check_loops(loops)
         rec = self.recurrence
         ctx = context if context is not None else self.prepare(input_ids)
+        core = self.core_call(ctx)
         s = rec.init_state(ctx)
-        out = [rec.to_hidden(s, ctx)] if keep_all else []
+        out = [self.finish(rec.to_hidden(s, ctx), ctx)] if keep_all else []
         n_free = loops - truncate_k if 0 < truncate_k < loops else 0
         for t in range(loops):
             if t < n_free:  # truncated backprop: early loops carry no gradient
                 with torch.no_grad():
-                    s = rec.step(self.block, s, ctx, t)
+                    s = rec.step(core, s, ctx, t)
             elif checkpoint_loops and torch.is_grad_enabled():
                 s = checkpoint(self._step_state, s, ctx.e, ctx.anchor, t, ctx, use_reentrant=False)
             else:
-                s = rec.step(self.block, s, ctx, t)
+                s = rec.step(core, s, ctx, t)
             if keep_all:
-                out.append(rec.to_hidden(s, ctx))
+                out.append(self.finish(rec.to_hidden(s, ctx), ctx))
         if not keep_all:
-            out.append(rec.to_hidden(s, ctx))
+            out.append(self.finish(rec.to_hidden(s, ctx), ctx))
         return out
 
     def iter_depths(self, input_ids: torch.Tensor, depths: list[int]):
-        """Yield ``(T, h_T)`` for each T in sorted ``depths`` from one unroll (cost: max depth)."""
+        """Yield ``(T, h_T)`` for each T in sorted ``depths`` from one unroll (cost: max depth);
+        h_T has passed through the coda."""
         wanted = sorted({check_loops(int(d)) for d in depths})
         rec = self.recurrence
         ctx = self.prepare(input_ids)
+        core = self.core_call(ctx)
         s = rec.init_state(ctx)
         for t in range(wanted[-1]):
-            s = rec.step(self.block, s, ctx, t)
+            s = rec.step(core, s, ctx, t)
             if t + 1 in wanted:
-                yield t + 1, rec.to_hidden(s, ctx)
+                yield t + 1, self.finish(rec.to_hidden(s, ctx), ctx)
 
     def _step_state(self, s, e, anchor, t, ctx):  # e/anchor passed so checkpoint tracks them
-        return self.recurrence.step(self.block, s, ctx, t)
+        return self.recurrence.step(self.core_call(ctx), s, ctx, t)
 
     def forward(
         self, input_ids: torch.Tensor, loops: int = 8, return_states: bool = False
     ) -> torch.Tensor | LoopOutput:
-        """input_ids (B, L) → logits (B, L, V), or a :class:`LoopOutput` with the states."""
+        """input_ids (B, L) → logits (B, L, V), or a :class:`LoopOutput` with the states.
+
+        ``.states`` are the loop states h_0 … h_T (before any coda); the logits read
+        ``coda(h_T)``.
+        """
         if not return_states:
             (h,) = self.hidden_states(input_ids, loops)
             return self.readout(h)
         ctx = self.prepare(input_ids)
-        states = self.hidden_states(input_ids, loops, keep_all=True, context=ctx)
-        return LoopOutput(self.readout(states[-1]), states, ctx.anchor, ctx)
+        core = self.core_call(ctx)
+        rec = self.recurrence
+        s = rec.init_state(ctx)
+        states = [rec.to_hidden(s, ctx)]
+        for t in range(check_loops(loops)):
+            s = rec.step(core, s, ctx, t)
+            states.append(rec.to_hidden(s, ctx))
+        logits = self.readout(self.finish(states[-1], ctx))
+        return LoopOutput(logits, states, ctx.anchor, ctx)

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from looplm.config import ModelConfig
-from looplm.model.block import Block
 from looplm.model.lm import LanguageModelBase, LoopOutput, check_loops
 
 
@@ -23,10 +22,7 @@ class UnsharedLM(LanguageModelBase):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.layers = nn.ModuleList(
-            Block(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.norm_eps)
-            for _ in range(cfg.n_layers)
-        )
+        self.layers = nn.ModuleList(self.new_block() for _ in range(cfg.n_layers))
         self._init_weights()
 
     def active_depth(self, loops: int | None) -> int:
@@ -42,9 +38,10 @@ class UnsharedLM(LanguageModelBase):
         checkpoint_loops: bool = False,
     ) -> list[torch.Tensor]:
         h = self.embed(input_ids)
+        mask = self.attention_mask(input_ids)
         out = [h] if keep_all else []
         for layer in self.layers[: self.active_depth(loops)]:
-            h = h + layer(h)
+            h = h + layer(h, mask=mask)
             if keep_all:
                 out.append(h)
         return out if keep_all else [h]
@@ -53,10 +50,11 @@ class UnsharedLM(LanguageModelBase):
         """Yield ``(T, h)`` for sorted ``depths``; depth T runs the first min(T, N) layers."""
         wanted = sorted({check_loops(int(d)) for d in depths})
         h = self.embed(input_ids)
+        mask = self.attention_mask(input_ids)
         done = 0
         for T in wanted:
             for layer in self.layers[done : self.active_depth(T)]:
-                h = h + layer(h)
+                h = h + layer(h, mask=mask)
             done = self.active_depth(T)
             yield T, h
 
