@@ -1,0 +1,177 @@
+"""The computational frontier on synthetic tasks (Chen 2026, "Thinking Deeper, Not Longer").
+
+* :func:`frontier_accuracy` — accuracy (and NLL) of one model over thinking steps T × task
+  difficulty, one unroll per batch for all T, each difficulty on its own evaluation examples (a
+  seed disjoint from training). Inside and beyond the training difficulty range.
+* :func:`propagation_steps` — on the adjacency-masked graph task, the loop step from which each
+  query's answer is correct (and stays correct up to the deepest step), next to the query's true
+  shortest-path distance from the source: with one hop per loop step a node at distance d cannot be
+  known reachable before step d.
+* :func:`climb_shape` — how accuracy climbs with T at one difficulty: the largest one-step gain as
+  a fraction of the whole rise from chance ("abrupt" when one step carries most of it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from looplm.data.sources import EVAL_SEED_OFFSET
+from looplm.data.synthetic import NODE_TASKS, make_batch
+from looplm.errors import LoopLMError
+
+
+def _batches(task: str, difficulty: int, n_examples: int, batch_size: int, context: int):
+    """Evaluation batches of one difficulty: ``n_examples`` rows, seeds disjoint from training."""
+    for i, start in enumerate(range(0, n_examples, batch_size)):
+        n = min(batch_size, n_examples - start)
+        seed = EVAL_SEED_OFFSET + 7919 * difficulty + i
+        yield make_batch(task, n, (difficulty, difficulty), seed=seed, max_len=context)
+
+
+@torch.no_grad()
+def frontier_accuracy(
+    model: torch.nn.Module,
+    task: str,
+    depths: Sequence[int],
+    difficulties: Sequence[int],
+    *,
+    n_examples: int = 256,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+) -> list[dict[str, Any]]:
+    """One row per (difficulty, T): ``{"difficulty", "depth", "n_correct", "n_examples",
+    "sum_nll", "n_tokens"}``. ``n_examples`` rows of each difficulty are scored (a node task scores
+    every query node of a row); correct = argmax over the whole vocabulary equals the answer."""
+    if not depths or not difficulties:
+        raise LoopLMError("frontier evaluation needs at least one depth and one difficulty")
+    model.eval()
+    rows = []
+    for d in sorted({int(x) for x in difficulties}):
+        acc: dict[int, list[float]] = {}
+        for b in _batches(task, d, n_examples, batch_size, model.config.context):
+            x, y = b.input_ids.to(device), b.targets.to(device)
+            valid = y != -100
+            tgt = y[valid]
+            for T, h in model.iter_depths(x, list(depths)):
+                logits = model.readout(h[valid]).float()  # (N, V)
+                a = acc.setdefault(T, [0, 0, 0.0])
+                a[0] += int((logits.argmax(-1) == tgt).sum())
+                a[1] += int(tgt.numel())
+                a[2] += float(F.cross_entropy(logits, tgt, reduction="sum"))
+        for T, (c, n, nll) in sorted(acc.items()):
+            rows.append(
+                {
+                    "difficulty": d,
+                    "depth": T,
+                    "n_correct": c,
+                    "n_examples": n,
+                    "sum_nll": nll,
+                    "n_tokens": n,
+                }
+            )
+    return rows
+
+
+@torch.no_grad()
+def propagation_steps(
+    model: torch.nn.Module,
+    difficulties: Sequence[int],
+    max_loops: int,
+    *,
+    task: str = "graph_nodes",
+    n_examples: int = 128,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+) -> dict[str, np.ndarray]:
+    """Per query node: its hop ``distance`` from the source (−1: unreachable), the example's
+    ``difficulty``, and ``first_correct``: the first loop step t ∈ 1 … max_loops from which the
+    answer stays correct through ``max_loops`` (0: correct from the initial state on; −1: wrong at
+    ``max_loops``)."""
+    if task not in NODE_TASKS:
+        raise LoopLMError(
+            f"propagation steps need a node task ({', '.join(NODE_TASKS)}), not {task!r}"
+        )
+    model.eval()
+    dist, diff, first = [], [], []
+    for d in sorted({int(x) for x in difficulties}):
+        for b in _batches(task, d, n_examples, batch_size, model.config.context):
+            x, y = b.input_ids.to(device), b.targets.to(device)
+            valid = y != -100
+            tgt = y[valid]
+            out = model(x, loops=max_loops, return_states=True)
+            correct = []
+            for h in out.states:  # t = 0 … max_loops
+                h = model.finish(h, out.context)
+                correct.append(model.readout(h[valid]).argmax(-1) == tgt)
+            ok = torch.stack(correct, dim=1).cpu().numpy()  # (N, max_loops + 1)
+            # first t from which every later step is correct
+            stays = np.flip(np.logical_and.accumulate(np.flip(ok, axis=1), axis=1), axis=1)
+            f = np.where(stays.any(axis=1), stays.argmax(axis=1), -1)
+            first.append(f)
+            dist.append(b.distance[valid.cpu()].numpy())
+            diff.append(b.difficulty[valid.cpu()].numpy())
+    return {
+        "distance": np.concatenate(dist),
+        "difficulty": np.concatenate(diff),
+        "first_correct": np.concatenate(first),
+    }
+
+
+def propagation_summary(p: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Correlation of the first-correct step with the true distance over reachable queries that
+    end correct, and how often a query was right before information could have reached it
+    (``first_correct < distance``)."""
+    from scipy.stats import pearsonr, spearmanr
+
+    reach = (p["distance"] > 0) & (p["first_correct"] >= 0)
+    d, f = p["distance"][reach], p["first_correct"][reach]
+    out: dict[str, Any] = {
+        "n_reachable_correct": int(reach.sum()),
+        "n_reachable": int((p["distance"] > 0).sum()),
+        "early": float(np.mean(f < d)) if d.size else math.nan,
+        "exact": float(np.mean(f == d)) if d.size else math.nan,
+    }
+    if d.size > 2 and np.unique(d).size > 1 and np.unique(f).size > 1:
+        out["pearson_r"] = float(pearsonr(d, f)[0])
+        out["spearman_rho"] = float(spearmanr(d, f)[0])
+    by = {}
+    for k in np.unique(d):
+        sel = f[d == k]
+        by[int(k)] = {
+            "mean": float(sel.mean()),
+            "median": float(np.median(sel)),
+            "n": int(sel.size),
+        }
+    out["first_correct_by_distance"] = by
+    return out
+
+
+def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: float = 0.5) -> dict:
+    """Shape of accuracy-vs-T at one difficulty: ``rise`` = final − chance; ``max_step_share`` =
+    the largest gain between consecutive evaluated depths over the whole rise from the lowest
+    accuracy; ``abrupt`` when one step carries ≥ 50% of the rise and the curve starts within 5
+    points of chance."""
+    T = np.asarray(depths, dtype=float)
+    a = np.asarray(accuracy, dtype=float)
+    order = np.argsort(T)
+    T, a = T[order], a[order]
+    rise = float(a[-1] - a.min())
+    steps = np.diff(a)
+    share = float(steps.max() / rise) if rise > 1e-9 and steps.size else math.nan
+    at = float(T[1:][steps.argmax()]) if steps.size else math.nan
+    return {
+        "start": float(a[0]),
+        "final": float(a[-1]),
+        "rise": float(a[-1] - chance),
+        "max_step_share": share,
+        "max_step_at": at,
+        "abrupt": bool(
+            math.isfinite(share) and share >= 0.5 and abs(float(a.min()) - chance) <= 0.05
+        ),
+    }

@@ -1,0 +1,171 @@
+"""Frontier figures and tables from stored frontier rows (reads records only).
+
+A frontier row is an accuracy record whose split is ``difficulty=<d>`` (written by the sweep's
+frontier evaluation): per (method, seed, difficulty, T) the number of correct answers. This module
+turns them into
+
+* a heat map per method: accuracy (mean over seeds) over thinking steps T × difficulty, with the
+  training difficulty range marked;
+* the "climb shape" per method and difficulty (:func:`looplm.evaluate.frontier.climb_shape` on the
+  seed-mean curve): abrupt from chance vs gradual;
+* extrapolation accuracy (difficulties above the training range, at the deepest T) paired by seed
+  between two methods (e.g. silent thinking vs per-step supervision), with a t interval.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from looplm.results.store import EvalRecord
+
+_SPLIT = re.compile(r"^difficulty=(\d+)$")
+
+
+def difficulty_of(rec: EvalRecord) -> int | None:
+    """The difficulty of a frontier record (its split ``difficulty=<d>``), else None."""
+    m = _SPLIT.match(rec.split or "")
+    return int(m.group(1)) if m and "n_correct" in rec.extra else None
+
+
+def frontier_records(records: Sequence[EvalRecord]) -> list[EvalRecord]:
+    return [r for r in records if difficulty_of(r) is not None and not r.adaptive_mode]
+
+
+def accuracy_grid(
+    records: Sequence[EvalRecord], method: str
+) -> tuple[list[int], list[int], np.ndarray, np.ndarray, int]:
+    """(difficulties, depths, mean accuracy (D, T), std over seeds (D, T), number of seeds)."""
+    recs = [r for r in frontier_records(records) if r.method == method]
+    diffs = sorted({difficulty_of(r) for r in recs})
+    depths = sorted({r.depth for r in recs})
+    seeds = sorted({r.seed for r in recs})
+    cube = np.full((len(seeds), len(diffs), len(depths)), np.nan)
+    for r in recs:
+        acc = r.extra["n_correct"] / max(r.extra["n_examples"], 1)
+        cube[seeds.index(r.seed), diffs.index(difficulty_of(r)), depths.index(r.depth)] = acc
+    with np.errstate(invalid="ignore"):
+        mean = np.nanmean(cube, axis=0) if len(seeds) else cube[0]
+        std = np.nanstd(cube, axis=0, ddof=1) if len(seeds) > 1 else np.full(mean.shape, np.nan)
+    return diffs, depths, mean, std, len(seeds)
+
+
+def plot_heatmap(
+    records: Sequence[EvalRecord],
+    methods: Sequence[str],
+    path: Path,
+    *,
+    title: str,
+    train_difficulty: tuple[int, int] | None = None,
+) -> Path | None:
+    """One panel per method: accuracy over T (x) × difficulty (y), training range outlined."""
+    from looplm.results.plotting import figure, save
+
+    panels = [(m, *accuracy_grid(records, m)) for m in methods]
+    panels = [p for p in panels if p[1] and p[2]]
+    if not panels:
+        return None
+    plt, fig, axes = figure((3.3 * len(panels) + 0.8, 3.4), ncols=len(panels))
+    axes = np.atleast_1d(axes)
+    im = None
+    for ax, (m, diffs, depths, mean, _std, n) in zip(axes, panels):
+        im = ax.imshow(mean, origin="lower", aspect="auto", vmin=0.5, vmax=1.0, cmap="viridis")
+        ax.set_xticks(range(len(depths)), [str(t) for t in depths], fontsize=7)
+        ax.set_yticks(range(len(diffs)), [str(d) for d in diffs], fontsize=7)
+        ax.set_xlabel("thinking steps T")
+        ax.set_title(f"{m} ({n} seed{'s' if n != 1 else ''})", fontsize=9)
+        if train_difficulty:
+            lo, hi = train_difficulty
+            rows = [i for i, d in enumerate(diffs) if lo <= d <= hi]
+            if rows:
+                ax.axhspan(rows[0] - 0.5, rows[-1] + 0.5, fill=False, ec="w", lw=1.2, ls="--")
+    axes[0].set_ylabel("difficulty")
+    fig.colorbar(im, ax=list(axes), shrink=0.9, label="accuracy (chance 0.5)")
+    fig.suptitle(title, fontsize=10)
+    return save(plt, fig, path)
+
+
+def climb_table(
+    records: Sequence[EvalRecord], methods: Sequence[str], chance: float = 0.5
+) -> list[dict[str, Any]]:
+    """Climb shape per (method, difficulty) on the seed-mean accuracy curve."""
+    from looplm.evaluate.frontier import climb_shape
+
+    out = []
+    for m in methods:
+        diffs, depths, mean, _std, n = accuracy_grid(records, m)
+        for i, d in enumerate(diffs):
+            ok = np.isfinite(mean[i])
+            if ok.sum() < 2:
+                continue
+            shape = climb_shape(np.asarray(depths)[ok], mean[i][ok], chance)
+            out.append({"method": m, "difficulty": d, "n_seeds": n, **shape})
+    return out
+
+
+def extrapolation_by_seed(
+    records: Sequence[EvalRecord], method: str, above: int, depth: int | None = None
+) -> dict[int, float]:
+    """Per seed: accuracy over every difficulty > ``above`` at ``depth`` (default: the deepest
+    evaluated T), pooled by answers."""
+    recs = [r for r in frontier_records(records) if r.method == method]
+    if not recs:
+        return {}
+    T = depth or max(r.depth for r in recs)
+    out: dict[int, list[int]] = {}
+    for r in recs:
+        if r.depth == T and difficulty_of(r) > above:
+            c = out.setdefault(r.seed, [0, 0])
+            c[0] += r.extra["n_correct"]
+            c[1] += r.extra["n_examples"]
+    return {s: c / max(n, 1) for s, (c, n) in sorted(out.items())}
+
+
+def paired_accuracy_delta(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+    """Mean of (a − b) over shared seeds with a 95% t half-width (NaN for one seed)."""
+    from scipy.stats import t as student_t
+
+    seeds = sorted(set(a) & set(b))
+    diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    n = diff.size
+    half = (
+        float(student_t.ppf(0.975, n - 1) * diff.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+    )
+    return {
+        "seeds": seeds,
+        "mean_a": float(np.mean([a[s] for s in seeds])) if n else math.nan,
+        "mean_b": float(np.mean([b[s] for s in seeds])) if n else math.nan,
+        "delta": float(diff.mean()) if n else math.nan,
+        "half_width": half,
+        "per_seed": diff.tolist(),
+    }
+
+
+def plot_propagation(summary_points: dict[str, np.ndarray], path: Path, *, title: str) -> Path:
+    """First-correct loop step vs true hop distance (reachable queries), with the one-hop-per-step
+    line t = d."""
+    from looplm.results.plotting import figure, save
+
+    d, f = summary_points["distance"], summary_points["first_correct"]
+    keep = (d > 0) & (f >= 0)
+    d, f = d[keep], f[keep]
+    plt, fig, ax = figure((4.6, 3.6))
+    ks = np.unique(d)
+    if ks.size:
+        ax.boxplot([f[d == k] for k in ks], positions=ks, widths=0.5, showfliers=False)
+        rng = np.random.default_rng(0)
+        ax.scatter(d + rng.uniform(-0.18, 0.18, d.size), f, s=4, alpha=0.25, color="C0")
+        lim = [0, max(ks.max(), f.max() if f.size else 1) + 1]
+        ax.plot(lim, lim, color="C3", lw=1.0, ls="--", label="t = d (one hop per step)")
+        ax.set_xticks(ks, [str(int(k)) for k in ks])
+        ax.legend(fontsize=7, frameon=False)
+    ax.set_xlabel("true shortest-path distance d from the source")
+    ax.set_ylabel("first loop step with the correct answer")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, color="0.9", lw=0.6)
+    return save(plt, fig, path)
