@@ -105,3 +105,19 @@ def test_points_from_store_records():
     assert fit.phi == pytest.approx(0.46, abs=2e-3)
     with pytest.raises(LoopLMError, match="not a scaling point"):
         scaling_points([EvalRecord(method="x", depth=1, seed=0, n_tokens=1, sum_nll=1.0)])
+
+
+@pytest.mark.parametrize("phi", [0.38, 0.65])
+def test_bootstrap_interval_covers_a_simulated_phi(phi):
+    from looplm.results.scaling import bootstrap_interval
+
+    params = dict(TRUE, phi=phi)
+    data = iso_depth_sweep(params, noise=0.003, seed=11)
+    ci = bootstrap_interval(*data, n_boot=40, seed=1, robust="linear")
+    assert ci.low <= phi <= ci.high, ci
+    assert ci.high - ci.low < 0.3 and ci.n_failed == 0
+    assert ci.low <= ci.estimate <= ci.high
+    other = 0.46 if phi != 0.46 else 0.8
+    wrong = iso_depth_sweep(dict(TRUE, phi=other), noise=0.003, seed=11)
+    ci2 = bootstrap_interval(*wrong, n_boot=40, seed=1, robust="linear")
+    assert not ci2.low <= phi <= ci2.high  # the interval moves with the data's phi

@@ -322,3 +322,77 @@ def fit_records(records: Sequence[EvalRecord], **kwargs: Any) -> ScalingFit:
     return fit_recurrence_scaling(
         pts["r"], pts["n_once"], pts["n_rec"], pts["d"], pts["loss"], **kwargs
     )
+
+
+@dataclass
+class BootstrapInterval:
+    """Percentile interval of one law parameter over fits to resampled sweep points."""
+
+    name: str
+    estimate: float
+    low: float
+    high: float
+    level: float
+    n_boot: int
+    n_failed: int
+    samples: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("samples")
+        return d
+
+
+def bootstrap_interval(
+    r: Sequence[float],
+    n_once: Sequence[float],
+    n_rec: Sequence[float],
+    d: Sequence[float],
+    loss: Sequence[float],
+    *,
+    param: str = "phi",
+    n_boot: int = 200,
+    level: float = 0.95,
+    seed: int = 0,
+    n_starts: int = 8,
+    fit: ScalingFit | None = None,
+    **kwargs: Any,
+) -> BootstrapInterval:
+    """Percentile bootstrap interval of ``param`` (default φ): the sweep points are resampled with
+    replacement ``n_boot`` times (deterministic with ``seed``), the law is refitted to each sample
+    (``n_starts`` starts, the full-data optimum among them) and the ``level`` percentile interval
+    of the refitted values is returned. Resamples whose design cannot identify the law (e.g. one
+    distinct r) are counted in ``n_failed`` and skipped."""
+    if param not in PARAM_NAMES:
+        raise LoopLMError(f"bootstrap: unknown parameter {param!r}; allowed: {PARAM_NAMES}")
+    if not 0.0 < level < 1.0 or n_boot < 2:
+        raise LoopLMError(f"bootstrap: need 0 < level < 1 and n_boot >= 2, got {level}, {n_boot}")
+    cols = [np.asarray(x, dtype=float) for x in (r, n_once, n_rec, d, loss)]
+    full = fit or fit_recurrence_scaling(*cols, **kwargs)
+    rng = np.random.default_rng(seed)
+    n = cols[0].size
+    vals, failed = [], 0
+    for _ in range(n_boot):
+        idx = rng.integers(0, n, n)
+        try:
+            f = fit_recurrence_scaling(
+                *(c[idx] for c in cols), n_starts=n_starts, seed=int(rng.integers(2**31)), **kwargs
+            )
+        except LoopLMError:
+            failed += 1
+            continue
+        vals.append(float(getattr(f, param)))
+    if len(vals) < 2:
+        raise LoopLMError(f"bootstrap: only {len(vals)} of {n_boot} resamples could be fitted")
+    lo, hi = np.quantile(vals, [(1 - level) / 2, (1 + level) / 2])
+    return BootstrapInterval(
+        param, float(getattr(full, param)), float(lo), float(hi), level, n_boot, failed, vals
+    )
+
+
+def bootstrap_records(records: Sequence[EvalRecord], **kwargs: Any) -> BootstrapInterval:
+    """:func:`bootstrap_interval` on the scaling points of ``records``."""
+    pts = scaling_points(records)
+    return bootstrap_interval(
+        pts["r"], pts["n_once"], pts["n_rec"], pts["d"], pts["loss"], **kwargs
+    )
