@@ -130,3 +130,15 @@ def test_node_task_batches_are_balanced_deterministic_and_carry_distances(task: 
     assert bool((reach >= 1).all()) and bool((a.distance[sup][answers == ord("N")] == -1).all())
     with pytest.raises(LoopLMError, match="one graph per row"):
         make_batch(task, 2, (1, 2), seed=0, seq_len=64)
+
+
+def test_packed_rows_do_not_leak_answers_through_their_order() -> None:
+    b = make_batch("bool_logic", 256, (1, 3), seed=2, seq_len=96)
+    flips = same = 0
+    for row in b.targets:
+        ans = row[row != -100].tolist()
+        flips += sum(a != c for a, c in zip(ans, ans[1:]))
+        same += sum(a == c for a, c in zip(ans, ans[1:]))
+    assert 0.4 < flips / (flips + same) < 0.6  # alternating answers would give 1.0
+    answers = b.targets[b.targets != -100]
+    assert 0.45 < (answers == ord("T")).float().mean() < 0.55

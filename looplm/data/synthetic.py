@@ -236,7 +236,9 @@ def make_batch(
 
     Each row packs independent examples ``expr=A;`` until ``seq_len`` tokens are filled (at least
     one), so every row carries several supervised answers; difficulty is drawn uniformly from
-    [lo, hi] per example and answers alternate T/F, so labels are balanced.
+    [lo, hi] per example. With one example per row answers alternate T/F over rows (balanced
+    batches); packed rows draw each answer independently (balanced in expectation), so the
+    previous answer in a row says nothing about the next.
     """
     if task not in TASKS:
         raise LoopLMError(f"unknown synthetic task {task!r}; allowed: {', '.join(TASKS)}")
@@ -257,7 +259,11 @@ def make_batch(
         hop: list[int] = []
         while True:
             depth = rng.randint(lo, hi)
-            ex = _EXAMPLES[task](rng, depth, want=bool(k % 2))
+            # One example per row: answers alternate over rows (exactly balanced batches). Packed
+            # rows draw each answer at random: alternating answers inside a row would let a model
+            # read the answer off the previous one.
+            want = bool(k % 2) if not seq_len else rng.random() < 0.5
+            ex = _EXAMPLES[task](rng, depth, want=want)
             if isinstance(ex, NodeExample):
                 text, answers, dist = ex.text, ex.answers, ex.distance
             else:  # '=' (the last character) predicts the answer, which follows it
