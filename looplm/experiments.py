@@ -63,6 +63,7 @@ from typing import Any
 import yaml
 
 from looplm.config import RunConfig, config_from_dict, parse_overrides
+from looplm.device import depth_list, progress_enabled
 from looplm.errors import LoopLMError
 
 _TOP_KEYS = {
@@ -122,18 +123,6 @@ def _check_keys(d: Any, allowed: set[str], where: str) -> dict[str, Any]:
     return d
 
 
-def _depths(value: Any, where: str) -> list[int]:
-    from looplm.commands.evaluate import parse_depths
-
-    if isinstance(value, str):
-        return parse_depths(value)
-    if isinstance(value, int):
-        return parse_depths(str(value))
-    if isinstance(value, (list, tuple)):
-        return parse_depths(",".join(str(v) for v in value))
-    raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
-
-
 _METHOD_KEYS = {"name", "recurrence", "args", "overrides"}
 
 
@@ -189,6 +178,12 @@ class RunPlan:
     @property
     def ckpt(self) -> Path:
         return self.run_dir / "ckpt"
+
+    @property
+    def has_checkpoint(self) -> bool:
+        from looplm.checkpoint import checkpoint_exists
+
+        return checkpoint_exists(self.ckpt)
 
     @property
     def label(self) -> str:
@@ -280,7 +275,7 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
                 runs.append(RunPlan(method, seed, vname, cfg, proto, model_hash(cfg)))
     ev = _check_keys(raw.get("evaluate") or {}, _EVAL_KEYS, "evaluate")
     ev = dict(ev)
-    ev["depths"] = _depths(ev.get("depths", [4, 8, 12, 16, 24, 32, 48]), "evaluate.depths")
+    ev["depths"] = depth_list(ev.get("depths", [4, 8, 12, 16, 24, 32, 48]), "evaluate.depths")
     if "adaptive" in ev:
         _check_keys(ev["adaptive"], _ADAPTIVE_KEYS, "evaluate.adaptive")
     for i, t in enumerate(ev.get("transfer") or []):
@@ -314,10 +309,6 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _show_progress() -> bool:
-    return sys.stderr.isatty() and os.environ.get("LOOPLM_NO_PROGRESS") != "1"
-
-
 def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
     """Train ``plan`` unless its checkpoint is complete: returns 'skipped', 'resumed' or 'trained'.
 
@@ -329,7 +320,7 @@ def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
     from looplm.train import fit
 
     resume = False
-    if (plan.ckpt / "state.json").exists():
+    if plan.has_checkpoint:
         meta = read_meta(plan.ckpt)
         saved = config_from_dict(meta["config"])
         if model_hash(saved) != plan.model_hash or saved.train.seed != plan.seed:
@@ -344,7 +335,7 @@ def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
     fit(
         plan.cfg,
         resume=resume,
-        progress=_show_progress() if progress is None else progress,
+        progress=progress_enabled(progress),
         quiet=True,
     )
     return "resumed" if resume else "trained"
@@ -385,6 +376,7 @@ def evaluate_run(
 
     from looplm.checkpoint import load_checkpoint
     from looplm.data.synthetic import TASKS
+    from looplm.device import resolve_device
     from looplm.evaluate import adaptive as ad
     from looplm.evaluate.records import (
         adaptive_calibration,
@@ -395,7 +387,6 @@ def evaluate_run(
         model_hash,
     )
     from looplm.evaluate.sweep import depth_sweep
-    from looplm.train import resolve_device
 
     ev = exp.evaluate
     cfg = plan.cfg
@@ -508,7 +499,7 @@ def evaluate_run(
             fixed(
                 t["dataset"],
                 t.get("split", "test"),
-                _depths(t.get("depths", ev["depths"]), "transfer.depths"),
+                depth_list(t.get("depths", ev["depths"]), "transfer.depths"),
                 tcap,
                 eval_tag(ev.get("tag", ""), max_tokens=tcap),
                 "transfer",
@@ -522,7 +513,7 @@ def evaluate_run(
 
             n_ex = lam.get("max_examples")
             ltag = eval_tag(ev.get("tag", ""), max_examples=n_ex)
-            depths = _depths(lam.get("depths", ev["depths"]), "lambada.depths")
+            depths = depth_list(lam.get("depths", ev["depths"]), "lambada.depths")
             ids = fixed_depth_identities(
                 cfg, depths, dataset="lambada", split="test", tag=ltag, protocol=plan.protocol
             )
@@ -581,7 +572,7 @@ def run_experiment(
     if bad:
         raise LoopLMError(f"unknown --redo kind {bad[0]!r}; allowed: {', '.join(EVAL_KINDS)}")
     exp = load_experiment(path, data_dir)
-    show = _show_progress() if progress is None else progress
+    show = progress_enabled(progress)
     n = len(exp.runs)
     summary: dict[str, Any] = {
         "experiment": exp.name,
@@ -596,7 +587,7 @@ def run_experiment(
     }
     if dry_run:
         for i, plan in enumerate(exp.runs, 1):
-            done = (plan.ckpt / "state.json").exists()
+            done = plan.has_checkpoint
             _log(
                 f"[{i}/{n}] {plan.label}: {plan.run_dir} (hash {plan.model_hash}, protocol "
                 f"{plan.protocol}){' — checkpoint exists' if done else ''}"
@@ -618,7 +609,7 @@ def run_experiment(
             _log(f"[train {i}/{n}] {plan.label}: {status} in {dt:.1f} s")
     with ResultsStore(exp.store) as store:
         for i, plan in enumerate(exp.runs, 1):
-            if not (plan.ckpt / "state.json").exists():
+            if not plan.has_checkpoint:
                 _log(f"[eval {i}/{n}] {plan.label}: no checkpoint, skipped")
                 continue
             step = int(read_meta(plan.ckpt)["state"].get("step", 0))

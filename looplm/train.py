@@ -26,7 +26,6 @@ import base64
 import contextlib
 import json
 import math
-import os
 import random
 import resource
 import signal
@@ -39,9 +38,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from looplm.checkpoint import load_checkpoint, load_optimizer_state, read_meta, save_checkpoint
+from looplm.checkpoint import (
+    checkpoint_exists,
+    load_checkpoint,
+    load_optimizer_state,
+    read_meta,
+    save_checkpoint,
+)
 from looplm.config import RunConfig, dump_config
 from looplm.data.sources import DataSource, make_source, step_seed
+from looplm.device import progress_enabled, resolve_device
 from looplm.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -79,14 +85,6 @@ def sample_depth(step: int, cfg: RunConfig) -> int:
 
 
 # ----------------------------------------------------------------------------- setup
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise LoopLMError("train.device=cuda but no CUDA GPU is available; use cpu or auto")
-    return torch.device(name)
-
-
 def autocast_context(cfg: RunConfig, device: torch.device):
     """bf16 autocast on GPU (``auto``/``bf16``); a no-op otherwise."""
     mode = cfg.train.autocast
@@ -227,7 +225,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         torch.backends.cudnn.allow_tf32 = True
     step = 0
     if resume:
-        if not (ckpt / "state.json").exists():
+        if not checkpoint_exists(ckpt):
             raise LoopLMError(f"cannot resume: no checkpoint at {ckpt}")
         model, saved_cfg, meta = load_checkpoint(ckpt, map_location=device)
         if saved_cfg.model != cfg.model:
@@ -465,11 +463,7 @@ def _fit(ts: TrainState, cfg: RunConfig, progress: bool | None, quiet: bool) -> 
             ) from None
     stop = _StopFlag()
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    show = (
-        progress
-        if progress is not None
-        else (sys.stderr.isatty() and os.environ.get("LOOPLM_NO_PROGRESS") != "1")
-    )
+    show = progress_enabled(progress)
     from tqdm.auto import tqdm
 
     bar = tqdm(

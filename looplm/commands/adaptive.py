@@ -103,7 +103,7 @@ def format_table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.commands.evaluate import parse_depths
+    from looplm.device import parse_depths
     from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
     from looplm.evaluate.records import adaptive_records, eval_tag
     from looplm.io import atomic_write_json

@@ -123,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
 
     from looplm.checkpoint import load_checkpoint, read_meta
     from looplm.config import config_from_dict
+    from looplm.device import resolve_device
     from looplm.diagnostics.inputs import load_batches
     from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
     from looplm.io import atomic_write_bytes, atomic_write_json
-    from looplm.train import resolve_device
 
     if args.loops < 1:
         raise LoopLMError(f"--loops {args.loops}: the loop depth T must be an integer >= 1")

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import sys
 import tempfile
 import time
 from collections import deque
@@ -90,7 +89,9 @@ def _looplm_version() -> str:
 
 
 def _progress_disabled() -> bool:
-    return os.environ.get("LOOPLM_NO_PROGRESS") == "1" or not sys.stderr.isatty()
+    from looplm.device import progress_enabled
+
+    return not progress_enabled()
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:

@@ -84,15 +84,11 @@ def _mean_lists(rows: Sequence[Sequence[float]]) -> list[float]:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    import os
-    import sys
-
     from tqdm.auto import tqdm
 
-    disable = (
-        (not enabled) or os.environ.get("LOOPLM_NO_PROGRESS") == "1" or not sys.stderr.isatty()
-    )
-    return tqdm(total=total, desc=desc, disable=disable, leave=False)
+    from looplm.device import progress_enabled
+
+    return tqdm(total=total, desc=desc, disable=not (enabled and progress_enabled()), leave=False)
 
 
 @torch.no_grad()

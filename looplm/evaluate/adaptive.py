@@ -898,7 +898,7 @@ def evaluate_adaptive_checkpoint(
     """:func:`evaluate_adaptive` on a checkpoint folder; the result also carries ``checkpoint``
     and the run's ``config`` (a RunConfig, for the store records)."""
     from looplm.checkpoint import load_checkpoint
-    from looplm.train import resolve_device
+    from looplm.device import resolve_device
 
     dev = resolve_device(device)
     model, cfg, _ = load_checkpoint(path, map_location=dev)
