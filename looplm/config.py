@@ -38,6 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 INIT_SCHEMES = ("normal", "depth_scaled")
+UNSHARED = "unshared"  # the ordinary N-layer Transformer: no shared block, no recurrence
 
 
 @dataclass
@@ -68,6 +69,11 @@ class ModelConfig:
     init_std: float = 0.02
     emb_std: float = 0.02
     init_depth: int = 8
+
+    @property
+    def is_looped(self) -> bool:
+        """True for a shared block run by a recurrence, False for the unshared Transformer."""
+        return self.recurrence != UNSHARED
 
     def validate(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "context", "n_layers")

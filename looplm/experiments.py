@@ -62,7 +62,7 @@ from typing import Any
 
 import yaml
 
-from looplm.config import RunConfig, config_from_dict, parse_overrides
+from looplm.config import UNSHARED, RunConfig, config_from_dict, parse_overrides
 from looplm.device import depth_list, progress_enabled
 from looplm.errors import LoopLMError
 
@@ -139,7 +139,7 @@ def _method_entry(m: Any, i: int) -> dict[str, Any]:
         raise LoopLMError(f"methods[{i}] needs a name")
     name = str(m["name"])
     rec = str(m.get("recurrence") or name)
-    if rec != "unshared":
+    if rec != UNSHARED:
         get_recurrence_class(rec)  # LoopLMError naming the allowed methods
     args = m.get("args") or {}
     overrides = m.get("overrides") or []
@@ -438,7 +438,7 @@ def evaluate_run(
         fixed(cfg.data.dataset, split, ev["depths"], cap, tag, "fixed")
         # 2. adaptive depth (shared-block models only)
         a = ev.get("adaptive")
-        if a is not None and cfg.model.recurrence != "unshared":
+        if a is not None and cfg.model.is_looped:
             rules = a.get("rules", list(ad.RULES))
             kw = {
                 "ceiling": int(a.get("ceiling", ad.DEFAULT_CEILING)),

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from looplm.accounting import model_flops
 from looplm.checkpoint import (
     checkpoint_exists,
     load_checkpoint,
@@ -160,18 +161,11 @@ def train_flops(model_cfg, loops: int, seq_len: int, n_input: int, n_supervised:
     """Training FLOPs of one step by the paper's proxy (Eqs. 20–21), ×3 for forward + backward.
 
     Body: ``N_body(T)·(8d² + 6·d·d_ff + 4·L·d)`` per input token; head: ``2·d·|V|`` per
-    supervised token (the loss reads out supervised positions only). Matches
-    ``looplm.flops(preset, recurrence, T, L)`` for a preset's own shape.
+    supervised token (the loss reads out supervised positions only); both from
+    :func:`looplm.accounting.model_flops`.
     """
-    d, ff, V = model_cfg.d_model, model_cfg.d_ff, model_cfg.vocab_size
-    if model_cfg.recurrence == "unshared":
-        n_body = min(loops, model_cfg.n_layers)
-    else:
-        from looplm.model.recurrences import get_recurrence_class
-
-        n_body = get_recurrence_class(model_cfg.recurrence).body_calls_per_step * loops
-    body = n_body * (8 * d * d + 6 * d * ff + 4 * seq_len * d)
-    return 3.0 * (body * n_input + 2 * d * V * n_supervised)
+    f = model_flops(model_cfg, loops, seq_len)
+    return 3.0 * (f["body"] * n_input + f["head"] * n_supervised)
 
 
 def peak_memory_mb(device: torch.device) -> tuple[str, float]:

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     entries = []
     for ck in args.checkpoints:
         cfg = config_from_dict(read_meta(ck)["config"])
-        if cfg.model.recurrence == "unshared":
+        if not cfg.model.is_looped:
             raise LoopLMError(
                 f"checkpoint {ck} is an unshared Transformer; the anchor diagnostics need a "
                 "looped model (a shared block with an anchor)"

@@ -39,11 +39,12 @@ PAPER_PARAMS: dict[tuple[str, str], tuple[float, int, str]] = {
 def method_rows(preset: str) -> list[dict[str, Any]]:
     """One dict per method: name, c_body, zero_forcing_bias, params, equation, reference, preset."""
     from looplm.accounting import parameter_count
+    from looplm.config import UNSHARED, model_config
     from looplm.model.recurrences import get_recurrence_class, recurrence_names
 
     rows = []
     for name in recurrence_names():
-        if name == "unshared":
+        if name == UNSHARED:
             continue
         cls = get_recurrence_class(name)
         rows.append(
@@ -57,19 +58,17 @@ def method_rows(preset: str) -> list[dict[str, Any]]:
                 "reference": cls.reference,
             }
         )
-    from looplm.config import model_config
-
-    n_layers = model_config(preset, "unshared").n_layers
+    n_layers = model_config(preset, UNSHARED).n_layers
     unshared = [(preset, f"ordinary Transformer, {n_layers} distinct layers at {preset}")]
     unshared += [(p, d) for p, d in UNSHARED_PRESETS.items() if p != preset]
     for p, desc in unshared:
         rows.append(
             {
-                "name": "unshared",
+                "name": UNSHARED,
                 "preset": p,
                 "c_body": 1,
                 "zero_forcing_bias": False,
-                "params": parameter_count(p, "unshared")["total"],
+                "params": parameter_count(p, UNSHARED)["total"],
                 "equation": "h_{i+1} = h_i + G_i(h_i), i < min(T, N_layers);  N_body = min(T, N)",
                 "reference": f"{desc}; Appendix 'Experimental Setup Details'",
             }

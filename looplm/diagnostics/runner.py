@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from looplm.diagnostics.anchor import AnchorMap, anchor_response, mean_square
 from looplm.diagnostics.convergence import (
@@ -34,6 +33,7 @@ from looplm.diagnostics.counterfactual import bias_subtraction, counterfactual_c
 from looplm.diagnostics.gain import EPS_FD, N_DIRECTIONS
 from looplm.diagnostics.steering import DOSE_GAINS, anchor_start_steering
 from looplm.errors import LoopLMError
+from looplm.model.readout import readout_nll
 
 
 @dataclass
@@ -96,8 +96,9 @@ def _nll_sum(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]
     valid = targets != -100
     if not bool(valid.any()):
         return 0.0, 0
-    logits = model.readout(h[valid]).double()  # (N, V)
-    return float(F.cross_entropy(logits, targets[valid], reduction="sum")), int(valid.sum())
+    V = model.config.vocab_size
+    nll, _ = readout_nll(model.readout, h[valid], targets[valid], V, dtype=torch.float64)
+    return float(nll.sum()), int(valid.sum())
 
 
 def _check_slice(model, ids: torch.Tensor, opts: DiagnoseOptions) -> dict:
@@ -196,7 +197,7 @@ def diagnose_model(
         s_bar, _ = _nll_sum(model, ctx.anchor + cf["delta_bar_T"], y)
         nll, nll_bar, n_scored = nll + s, nll_bar + s_bar, n_scored + n
         # convergence
-        kl = successive_kl(model.readout, states).cpu()  # (T, B, L)
+        kl = successive_kl(model.readout, states, model.config.vocab_size).cpu()  # (T, B, L)
         chg = relative_state_change(states).cpu()
         valid = torch.ones(x.shape, dtype=torch.bool) if pad_id is None else (x != pad_id).cpu()
         kl_sum += (kl * valid).sum(dim=(1, 2))

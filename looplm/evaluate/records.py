@@ -124,27 +124,23 @@ def flops_per_token(
     vocab_size: int | None = None,
     n_layers: int | None = None,
 ) -> dict[str, float]:
-    """Eq. 20/21 per-token FLOP proxies at a (possibly fractional) mean depth, via
-    ``looplm.flops``: ``n_body · per_body`` with ``n_body = c_body · mean_depth`` (unshared:
-    ``min(mean_depth, N_layers)``). When the run overrides the preset's width, FFN width or
-    vocabulary, the same formula is evaluated with the run's sizes."""
-    from looplm.accounting import flops
+    """Eq. 20/21 per-token FLOP proxies at a (possibly fractional) mean depth
+    (:func:`looplm.accounting.eq20_21`): ``n_body · per_body`` with ``n_body = c_body ·
+    mean_depth`` (unshared: ``min(mean_depth, N_layers)``). Sizes not given are the preset's."""
+    from looplm.accounting import eq20_21
+    from looplm.config import model_config
 
-    ref = flops(preset, recurrence, 1, int(seq_len))
-    d = d_model or ref["d_model"]
-    ff = d_ff or ref["d_ff"]
-    V = vocab_size or ref["vocab_size"]
-    if (d, ff, V) == (ref["d_model"], ref["d_ff"], ref["vocab_size"]):
-        per_body, head = ref["per_body"], ref["head"]
-    else:  # the same Eq. 20/21 terms with the run's sizes
-        per_body = 8 * d * d + 6 * d * ff + 4 * int(seq_len) * d
-        head = 2 * d * V
-    if recurrence == "unshared":
-        n_body = min(float(mean_depth), float(n_layers or mean_depth))
-    else:
-        n_body = ref["c_body"] * float(mean_depth)
-    body = n_body * per_body
-    return {"flops_per_token_body": body, "flops_per_token_body_head": body + head}
+    ref = model_config(preset, recurrence)
+    f = eq20_21(
+        recurrence=recurrence,
+        depth=float(mean_depth),
+        seq_len=int(seq_len),
+        d_model=d_model or ref.d_model,
+        d_ff=d_ff or ref.d_ff,
+        vocab_size=vocab_size or ref.vocab_size,
+        n_layers=float(n_layers or mean_depth),
+    )
+    return {"flops_per_token_body": f["body"], "flops_per_token_body_head": f["body_head"]}
 
 
 def _base(

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
 
 _REGISTRY: dict[str, type[Recurrence]] = {}
@@ -99,7 +100,7 @@ def register(cls: type[Recurrence]) -> type[Recurrence]:
 
 def recurrence_names() -> list[str]:
     """Registered recurrence names, plus ``unshared`` (the ordinary N-layer Transformer)."""
-    return sorted(_REGISTRY) + ["unshared"]
+    return sorted(_REGISTRY) + [UNSHARED]
 
 
 def get_recurrence_class(name: str) -> type[Recurrence]:
