@@ -145,6 +145,7 @@ class TrainConfig:
     tensorboard: bool = False
     parallel: str = "ddp"  # under torchrun (WORLD_SIZE > 1): ddp | fsdp (FSDP2 fully_shard)
     peak_tflops: float = 790.0  # MFU denominator per GPU (H200 dense bf16, measured); 0: no MFU
+    max_wall_s: float = 0.0  # >0: stop (checkpoint written) after this many seconds of training
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "depth_min", "depth_max", "log_every")
@@ -165,8 +166,9 @@ class TrainConfig:
                 raise LoopLMError(
                     f"train.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
                 )
-        if self.peak_tflops < 0:
-            raise LoopLMError(f"train.peak_tflops={self.peak_tflops} must be >= 0")
+        for key in ("peak_tflops", "max_wall_s"):
+            if getattr(self, key) < 0:
+                raise LoopLMError(f"train.{key}={getattr(self, key)} must be >= 0")
         if self.truncate_k < 0 or self.warmup < 0:
             raise LoopLMError("train.truncate_k and train.warmup must be >= 0")
         for key in ("beta1", "beta2"):

@@ -310,7 +310,8 @@ def _log(msg: str) -> None:
 
 
 def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
-    """Train ``plan`` unless its checkpoint is complete: returns 'skipped', 'resumed' or 'trained'.
+    """Train ``plan`` unless its checkpoint is complete: returns 'skipped', 'resumed' or 'trained'
+    ('stopped' when ``train.max_wall_s`` ended it, 'interrupted:<signal>' on SIGTERM/SIGINT).
 
     A checkpoint whose config hashes differently from the plan is an error (the YAML changed
     under an existing run folder): delete the folder or change ``out_root``.
@@ -332,12 +333,11 @@ def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
         if int(meta["state"].get("step", 0)) >= plan.cfg.train.steps:
             return "skipped"
         resume = True
-    fit(
-        plan.cfg,
-        resume=resume,
-        progress=progress_enabled(progress),
-        quiet=True,
-    )
+    last = fit(plan.cfg, resume=resume, progress=progress_enabled(progress), quiet=True)
+    if last.get("stopped") == "signal":
+        return f"interrupted:{last['signal']}"
+    if last.get("stopped"):  # train.max_wall_s: the checkpoint is unfinished, evaluation waits
+        return "stopped"
     return "resumed" if resume else "trained"
 
 
@@ -605,8 +605,12 @@ def run_experiment(
             status = train_run(plan, progress=show)
             dt = time.perf_counter() - t0
             summary["timings"][f"train {plan.label}"] = dt
-            summary["skipped_training" if status == "skipped" else status] += 1
             _log(f"[train {i}/{n}] {plan.label}: {status} in {dt:.1f} s")
+            if status.startswith("interrupted:"):  # the checkpoint is written; rerun to resume
+                summary["interrupted"] = int(status.split(":")[1])
+                return summary
+            key = "skipped_training" if status == "skipped" else status
+            summary[key] = summary.get(key, 0) + 1
     with ResultsStore(exp.store) as store:
         for i, plan in enumerate(exp.runs, 1):
             if not plan.has_checkpoint:

@@ -40,25 +40,12 @@ def _losses(out: Path) -> list[float]:
 def test_resume_continues_exactly(tmp_path: Path) -> None:
     full = tmp_path / "full"
     fit(_cfg(full), progress=False)
-    # Interrupt after 3 of 6 steps (as a stop would), then resume the same 6-step run.
+    # Interrupt after 3 of 6 steps (a callback asks fit to stop), then resume the same 6-step run.
     part2 = tmp_path / "part2"
     cfg = _cfg(part2)
-    import looplm.train as train_mod
-
-    real_step = train_mod.train_step
-
-    def stop_after_3(ts):
-        if ts.step == 3:
-            train_mod.save(ts)
-            raise KeyboardInterrupt
-        return real_step(ts)
-
-    train_mod.train_step = stop_after_3
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            fit(cfg, progress=False)
-    finally:
-        train_mod.train_step = real_step
+    stopped = fit(cfg, progress=False, callbacks=[lambda ts, m: ts.step == 3])
+    assert stopped["stopped"] == "callback" and stopped["step"] == 3
+    assert "val_loss" not in stopped  # no final validation when stopped early
     fit(cfg, resume=True, progress=False)
     a, _, meta_a = load_checkpoint(full / "ckpt")
     b, _, meta_b = load_checkpoint(part2 / "ckpt")
@@ -66,6 +53,17 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(p, q), n
     assert _losses(full) == _losses(part2)  # resumed log has no repeated steps either
+
+
+def test_max_wall_s_stops_with_a_checkpoint_and_resume_finishes(tmp_path: Path) -> None:
+    stopped = fit(_cfg(tmp_path, "train.max_wall_s=1e-9"), progress=False)
+    assert stopped["stopped"] == "max_wall_s" and stopped["step"] == 1
+    _, _, meta = load_checkpoint(tmp_path / "ckpt")
+    assert meta["state"]["step"] == 1
+    done = fit(_cfg(tmp_path), resume=True, progress=False)
+    assert done["step"] == 6 and "stopped" not in done and "val_loss" in done
+    with pytest.raises(LoopLMError, match=r"train.max_wall_s=-1.0 must be >= 0"):
+        _cfg(tmp_path, "train.max_wall_s=-1")
 
 
 def test_lr_schedule_and_depth_sampling() -> None:

@@ -43,6 +43,7 @@ _TRAIN_NON_SEMANTIC = (
     "eval_batches",
     "ckpt_every",
     "tensorboard",
+    "max_wall_s",
 )
 _DATA_SEMANTIC = ("dataset", "train_split", "train_difficulty", "task_args")
 
