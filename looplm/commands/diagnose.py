@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="mechanistic diagnostics: forcing bias, R_t, gain, steering, counterfactual, KL",
         description=(
             "Anchor-response diagnostics of looped checkpoints (paper Table 3, Figures 4-5, "
-            "Lemma 1) and per-token convergence (seed 003). Several checkpoints are compared in "
+            "Lemma 1) and per-token convergence (KL halting study). Several checkpoints are compared in "
             "one set of figures."
         ),
     )

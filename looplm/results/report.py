@@ -1012,7 +1012,7 @@ class _Builder:
 
     def _scaling_section(self, recs: list[EvalRecord]) -> None:
         self.md += [
-            "## Recurrence scaling law (seed 003 (3))",
+            "## Recurrence scaling law (the recurrence-equivalence exponent φ)",
             "",
             "L = E + A·(N_once + r^φ·N_rec)^−α + B·D^−β, fitted in log space (Huber, "
             "multiple starts); L is the token-weighted mean NLL (nats).",

@@ -1,4 +1,5 @@
-"""The recurrence scaling law of seed 003 (3) and its fit.
+"""The recurrence scaling law of the recurrence-equivalence study ("how much is one recurrence
+worth to a looped transformer") and its fit.
 
     L(r, N_once, N_rec, D) = E + A · (N_once + r^φ · N_rec)^(−α) + B · D^(−β)
 
@@ -6,7 +7,7 @@
 ``N_rec`` the unique parameters inside the looped block(s), ``r`` the recurrence count and ``D``
 the training tokens. The recurrence-equivalence exponent φ says what one extra loop is worth in
 unique parameters: φ = 1 means looping a block r times equals r unique blocks, φ = 0 means no
-capacity gain (seed 003 reports φ = 0.46; truncated backprop 0.38; hyper-connections 0.65).
+capacity gain (that study reports φ = 0.46; truncated backprop 0.38; hyper-connections 0.65).
 
 The fit follows the usual practice for such laws (Hoffmann et al. 2022): parameters ``E, A, B`` are
 optimised as logs, the residual is ``log L_pred − log L_obs`` with ``L_pred`` computed by

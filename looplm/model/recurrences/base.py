@@ -9,8 +9,11 @@ projections, gains, step embeddings) and defines, in its own state coordinates:
     to_hidden(state, ctx)      -> h                hidden-state coordinates (for readout, states)
     from_hidden(h, ctx)        -> state
 
-Adding a method = one file with a subclass decorated by ``@register`` (and its import in
-``recurrences/__init__.py``); ``LoopedLM`` never changes.
+Adding a method = one file with a subclass decorated by ``@register``, in this folder (found by
+a package scan) or anywhere else as a plugin (:mod:`looplm.plugins`); ``LoopedLM`` never changes.
+The class also declares what the tests check it against: its equation and paper reference,
+whether its forcing bias is zero by construction (masked and raw), and the closed form of the
+parameters it adds (:meth:`Recurrence.parameter_formula`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from torch import nn
 
 from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
+from looplm.plugins import load_plugins
 
 _REGISTRY: dict[str, type[Recurrence]] = {}
+_PLUGINS_LOADED: list[bool] = []
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Recurrence(nn.Module):
     equation: ClassVar[str] = ""
     reference: ClassVar[str] = ""
     zero_forcing_bias: ClassVar[bool] = False  # b_t(e) = 0 exactly by construction
+    zero_raw_forcing_bias: ClassVar[bool] = False  # the raw pre-mask b̃_t(e) = 0 exactly, too
     # False when some parameter sits out some steps (e.g. a gain used only every k-th loop), so
     # distributed data parallelism must look for unused parameters.
     uses_all_parameters: ClassVar[bool] = True
@@ -63,6 +69,13 @@ class Recurrence(nn.Module):
         # Evaluation-time multiplier on the injected source term (dose-response diagnostic);
         # 1.0 is the trained model. Methods without source injection ignore it.
         self.source_gain = 1.0
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: Any) -> int | None:
+        """Closed form of the parameters this recurrence adds to embedding + block + final norm
+        at width ``d_model`` and settings ``cfg``, written from the equation (not counted from
+        the modules); the parameter-count test checks it. None: not declared."""
+        return None
 
     # -- contract -------------------------------------------------------------------------
     def prepare(self, e: torch.Tensor) -> LoopContext:
@@ -98,13 +111,23 @@ def register(cls: type[Recurrence]) -> type[Recurrence]:
     return cls
 
 
+def _registry() -> dict[str, type[Recurrence]]:
+    """The registry, with plugin recurrences loaded on first use (not at import: a plugin may
+    import looplm.model itself)."""
+    if not _PLUGINS_LOADED:
+        _PLUGINS_LOADED.append(True)
+        load_plugins("looplm.recurrences")
+    return _REGISTRY
+
+
 def recurrence_names() -> list[str]:
     """Registered recurrence names, plus ``unshared`` (the ordinary N-layer Transformer)."""
-    return sorted(_REGISTRY) + [UNSHARED]
+    return sorted(_registry()) + [UNSHARED]
 
 
 def get_recurrence_class(name: str) -> type[Recurrence]:
-    if name not in _REGISTRY:
+    """The class registered as ``name`` (LoopLMError naming the allowed ones)."""
+    if name not in _registry():
         raise LoopLMError(f"unknown recurrence {name!r}; allowed: {', '.join(recurrence_names())}")
     return _REGISTRY[name]
 
