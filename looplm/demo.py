@@ -186,7 +186,13 @@ def render_report(results: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | " + " | ".join(f"{r['accuracy']:.3f}" for r in m["sweep_harder"]) + " |"
         )
-    lines += ["", "## What this run shows", ""]
+    return "\n".join(lines + _findings(results))
+
+
+def _findings(results: dict[str, Any]) -> list[str]:
+    """The report's closing section: per method the test at T = 8, best depth, ranking."""
+    methods = results["methods"]
+    lines = ["", "## What this run shows", ""]
     for name, m in methods.items():
         in_range = [r["accuracy"] for r in m["sweep"] if r["depth"] <= 8]
         beyond = [r["accuracy"] for r in m["sweep"] if r["depth"] > 8]
@@ -213,7 +219,7 @@ def render_report(results: dict[str, Any]) -> str:
         "![depth response](depth_response.png)",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def plot_depth_response(results: dict[str, Any], path: Path) -> None:

@@ -54,3 +54,21 @@ def test_key_value_settings_may_follow_an_option():
     assert args.settings == ["lanes=2", "dropout=0"]
     with pytest.raises(SystemExit):
         parse_args(["train", "tiny_bool", "--resume", "--bogus"])
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
+
+
+def test_files_and_functions_stay_readable():
+    """No module in looplm/ over 600 lines, no function over 80 (definition to last line)."""
+    long = []
+    for f in sorted(ROOT.rglob("*.py")):
+        text = f.read_text()
+        if text.count("\n") > MAX_FILE_LINES:
+            long.append(f"{f.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
+    assert not long, long
