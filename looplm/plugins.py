@@ -21,11 +21,44 @@ import importlib.metadata
 import os
 import pkgutil
 from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 from looplm.errors import LoopLMError
 
 ENV_VAR = "LOOPLM_PLUGINS"
 _loaded: set[str] = set()
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Classes of one kind by name (``cls.name``), added by the :meth:`register` decorator.
+
+    The plugins of entry-point ``group`` (and ``$LOOPLM_PLUGINS``) are imported on the first
+    lookup, not when the registry is created: a plugin module may itself import the package
+    that holds the registry.
+    """
+
+    def __init__(self, what: str, group: str) -> None:
+        self.what, self.group = what, group
+        self._items: dict[str, type[T]] = {}
+        self._plugins_loaded = False
+
+    def register(self, cls: type[T]) -> type[T]:
+        """Class decorator: add ``cls`` under ``cls.name`` (a second class of that name fails)."""
+        name = getattr(cls, "name", "")
+        if not name:
+            raise ValueError(f"{cls.__name__} has no name")
+        if name in self._items and self._items[name] is not cls:
+            raise ValueError(f"{self.what} {name!r} registered twice")
+        self._items[name] = cls
+        return cls
+
+    def items(self) -> dict[str, type[T]]:
+        """Every registered class by name (plugins loaded)."""
+        if not self._plugins_loaded:
+            self._plugins_loaded = True
+            load_plugins(self.group)
+        return self._items
 
 
 def import_submodules(package: str, path: Iterable[str], skip: Iterable[str] = ()) -> list[str]:

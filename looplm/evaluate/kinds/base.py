@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from looplm.errors import LoopLMError
-from looplm.plugins import load_plugins
+from looplm.plugins import Registry
 
 COMMON_KEYS = {"split", "max_tokens", "depths", "batch_size", "tag"}
 DEFAULT_DEPTHS = [4, 8, 12, 16, 24, 32, 48]
@@ -124,26 +124,17 @@ class EvaluationKind:
         raise NotImplementedError
 
 
-_KINDS: dict[str, type[EvaluationKind]] = {}
-_PLUGINS_LOADED: list[bool] = []
+_KINDS: Registry[EvaluationKind] = Registry("evaluation kind", "looplm.evaluations")
 
 
 def register_kind(cls: type[EvaluationKind]) -> type[EvaluationKind]:
     """Class decorator adding an evaluation kind to the registry under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _KINDS and _KINDS[cls.name] is not cls:
-        raise ValueError(f"evaluation kind {cls.name!r} registered twice")
-    _KINDS[cls.name] = cls
-    return cls
+    return _KINDS.register(cls)
 
 
 def evaluation_kinds() -> list[type[EvaluationKind]]:
     """Registered kinds in their running order (plugins loaded on first use)."""
-    if not _PLUGINS_LOADED:
-        _PLUGINS_LOADED.append(True)
-        load_plugins("looplm.evaluations")
-    return sorted(_KINDS.values(), key=lambda k: (k.order, k.name))
+    return sorted(_KINDS.items().values(), key=lambda k: (k.order, k.name))
 
 
 def kind_names() -> list[str]:

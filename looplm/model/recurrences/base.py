@@ -28,10 +28,9 @@ from torch import nn
 
 from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
-from looplm.plugins import load_plugins
+from looplm.plugins import Registry
 
-_REGISTRY: dict[str, type[Recurrence]] = {}
-_PLUGINS_LOADED: list[bool] = []
+_REGISTRY: Registry[Recurrence] = Registry("recurrence", "looplm.recurrences")
 
 
 @dataclass
@@ -103,33 +102,20 @@ class Recurrence(nn.Module):
 
 def register(cls: type[Recurrence]) -> type[Recurrence]:
     """Class decorator adding a recurrence to the registry under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"recurrence {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _registry() -> dict[str, type[Recurrence]]:
-    """The registry, with plugin recurrences loaded on first use (not at import: a plugin may
-    import looplm.model itself)."""
-    if not _PLUGINS_LOADED:
-        _PLUGINS_LOADED.append(True)
-        load_plugins("looplm.recurrences")
-    return _REGISTRY
+    return _REGISTRY.register(cls)
 
 
 def recurrence_names() -> list[str]:
     """Registered recurrence names, plus ``unshared`` (the ordinary N-layer Transformer)."""
-    return sorted(_registry()) + [UNSHARED]
+    return sorted(_REGISTRY.items()) + [UNSHARED]
 
 
 def get_recurrence_class(name: str) -> type[Recurrence]:
     """The class registered as ``name`` (LoopLMError naming the allowed ones)."""
-    if name not in _registry():
+    classes = _REGISTRY.items()
+    if name not in classes:
         raise LoopLMError(f"unknown recurrence {name!r}; allowed: {', '.join(recurrence_names())}")
-    return _REGISTRY[name]
+    return classes[name]
 
 
 def build_config(cls: type[Recurrence], args: dict[str, Any]) -> Any:
