@@ -16,7 +16,7 @@ import pytest
 
 import looplm
 from looplm.accounting import parameter_count
-from looplm.config import PRESETS
+from looplm.config import PRESETS, UNSHARED
 from looplm.model.recurrences import get_recurrence_class
 from looplm.model.recurrences.base import build_config
 
@@ -33,7 +33,7 @@ def expected(name: str, preset: str, **settings) -> int:
     p = PRESETS[preset]
     d, ff = p["d_model"], p["d_ff"]
     emb = V * d + C * d
-    if name == "unshared":
+    if name == UNSHARED:
         return emb + p.get("n_layers", 8) * _block(d, ff) + d
     cls = get_recurrence_class(name)
     extra = cls.parameter_formula(d, build_config(cls, settings))
