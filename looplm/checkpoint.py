@@ -76,9 +76,12 @@ def recover_checkpoint(path: str | os.PathLike) -> bool:
     tmp, old = _swap_names(path)
     for cand in (tmp, old):
         if (cand / "state.json").is_file():
-            os.replace(cand, path)
-            if cand is tmp and old.exists():
-                shutil.rmtree(old)
+            try:
+                os.replace(cand, path)
+            except OSError:  # another process (a second rank) finished the swap first
+                return (path / "state.json").is_file()
+            if cand is tmp:
+                shutil.rmtree(old, ignore_errors=True)
             return True
     return False
 
