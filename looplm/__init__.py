@@ -1,12 +1,13 @@
 """looplm: looped (depth-recurrent, weight-shared) Transformer LMs built around SCSE.
 
-Attributes are resolved lazily, so light modules (the results store, reports) import without
-loading torch.
+Attributes and subpackages (``looplm.data``, ``looplm.results``, …) are resolved lazily, so light
+modules (the results store, reports) import without loading torch.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from looplm.errors import LoopLMError
@@ -26,6 +27,9 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    # Subpackages and modules load on first use too: ``import looplm; looplm.data.CORPORA``.
+    if not name.startswith("_") and importlib.util.find_spec(f"looplm.{name}") is not None:
+        return importlib.import_module(f"looplm.{name}")
     raise AttributeError(f"module 'looplm' has no attribute {name!r}")
 
 

@@ -17,16 +17,71 @@ from __future__ import annotations
 
 from typing import Any
 
-from looplm.config import model_config
+from looplm.config import UNSHARED, ModelConfig, model_config
 from looplm.errors import LoopLMError
 
 
 def _c_body(recurrence: str) -> int:
-    if recurrence == "unshared":
+    if recurrence == UNSHARED:
         return 1
     from looplm.model.recurrences import get_recurrence_class
 
     return int(get_recurrence_class(recurrence).body_calls_per_step)
+
+
+def eq20_21(
+    *,
+    recurrence: str,
+    depth: float,
+    seq_len: int,
+    d_model: int,
+    d_ff: int,
+    vocab_size: int,
+    n_layers: float,
+    prelude_layers: int = 0,
+    core_layers: int = 1,
+    coda_layers: int = 0,
+) -> dict[str, Any]:
+    """The one evaluation of Eqs. 20–21: per-token FLOPs at (possibly fractional) ``depth``.
+
+    ``N_body = P + C + c_body · k · depth`` layer applications for a looped model with P prelude
+    and C coda layers and a k-layer core (``c_body · depth`` for today's 0/1/0 models),
+    ``min(depth, n_layers)`` for the unshared Transformer; ``per_body = 8d² + 6·d·d_ff + 4·L·d`` (Eq. 20, one body application) and
+    ``head = 2·d·|V|`` (Eq. 21). Integer depths give integer FLOPs. Returns ``{"body",
+    "body_head", "head", "per_body", "n_body", "c_body"}``.
+    """
+    c_body = _c_body(recurrence)
+    if recurrence == UNSHARED:
+        n_body = min(depth, n_layers)
+    else:
+        n_body = prelude_layers + coda_layers + c_body * core_layers * depth
+    per_body = 8 * d_model * d_model + 6 * d_model * d_ff + 4 * seq_len * d_model
+    body = n_body * per_body
+    head = 2 * d_model * vocab_size
+    return {
+        "body": body,
+        "body_head": body + head,
+        "head": head,
+        "per_body": per_body,
+        "n_body": n_body,
+        "c_body": c_body,
+    }
+
+
+def model_flops(cfg: ModelConfig, depth: float, seq_len: int | None = None) -> dict[str, Any]:
+    """:func:`eq20_21` for a model config (its own width, FFN width, vocabulary, layers)."""
+    return eq20_21(
+        recurrence=cfg.recurrence,
+        depth=depth,
+        seq_len=int(seq_len or cfg.context),
+        d_model=cfg.d_model,
+        d_ff=cfg.d_ff,
+        vocab_size=cfg.vocab_size,
+        n_layers=cfg.n_layers,
+        prelude_layers=cfg.prelude_layers,
+        core_layers=cfg.core_layers,
+        coda_layers=cfg.coda_layers,
+    )
 
 
 def flops(
@@ -38,31 +93,16 @@ def flops(
     "seq_len", "vocab_size"}``; ``body`` and ``body_head`` are FLOPs per token (integers).
     ``flops("22m", "scse", 8)["body"] == 39_321_600`` (the paper's 39.3M). ``overrides`` are model
     settings (e.g. ``prelude_layers=2, core_layers=3``): N_body counts every layer application
-    (:meth:`~looplm.config.ModelConfig.body_applications`).
+    (:func:`eq20_21`).
     """
     if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
         raise LoopLMError(f"loops={loops!r}: the loop depth T must be an integer >= 1")
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise LoopLMError(f"seq_len={seq_len!r} must be a positive integer")
     cfg = model_config(preset, recurrence, **overrides)
-    c_body = _c_body(recurrence)
-    d, ff, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    n_body = int(cfg.body_applications(loops, c_body))
-    per_body = 8 * d * d + 6 * d * ff + 4 * seq_len * d  # Eq. 20, one body application
-    body = n_body * per_body
-    head = 2 * d * V  # Eq. 21, tied vocabulary projection
-    return {
-        "body": body,
-        "body_head": body + head,
-        "head": head,
-        "per_body": per_body,
-        "n_body": n_body,
-        "c_body": c_body,
-        "d_model": d,
-        "d_ff": ff,
-        "seq_len": seq_len,
-        "vocab_size": V,
-    }
+    out = model_flops(cfg, loops, seq_len)
+    out.update(d_model=cfg.d_model, d_ff=cfg.d_ff, seq_len=seq_len, vocab_size=cfg.vocab_size)
+    return out
 
 
 def parameter_count(preset: str, recurrence: str, **overrides: Any) -> dict[str, int]:

@@ -7,9 +7,13 @@ A checkpoint is a folder::
       optimizer.safetensors  AdamW moments (training checkpoints only)
       state.json             run config, step, RNG states, sha256 + size of each tensor file
 
-The folder is written under a temporary name and renamed into place, and every file inside is
-written atomically, so a crash leaves the previous checkpoint intact. Loading verifies sizes and
-checksums: a truncated or altered file is rejected with a one-line :class:`LoopLMError`.
+The folder is written under a temporary name (``.ckpt.tmp``) and swapped into place: the previous
+folder is renamed to ``.ckpt.old``, then the new one to ``ckpt``. Every file inside is written
+atomically, so a crash leaves a complete checkpoint behind; a kill between the two renames leaves
+no ``ckpt/`` for a moment, and every reader (:func:`read_meta`, :func:`checkpoint_exists`, the next
+save) first finishes that swap (:func:`recover_checkpoint`), so ``--resume`` still finds the latest
+checkpoint. Loading verifies sizes and checksums: a truncated or altered file is rejected with a
+one-line :class:`LoopLMError`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,38 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
     return tensors, {"param_groups": sd["param_groups"], "scalars": meta}
 
 
+def _swap_names(path: Path) -> tuple[Path, Path]:
+    return path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+
+
+def recover_checkpoint(path: str | os.PathLike) -> bool:
+    """Finish a checkpoint swap a kill interrupted; True when ``path`` now holds a checkpoint.
+
+    With no ``path`` folder, the complete new folder (``.<name>.tmp`` with its ``state.json``,
+    which is written last) is the latest checkpoint and is moved into place; failing that, the
+    previous one (``.<name>.old``) is moved back.
+    """
+    path = Path(path)
+    if path.exists():
+        return (path / "state.json").is_file()
+    tmp, old = _swap_names(path)
+    for cand in (tmp, old):
+        if (cand / "state.json").is_file():
+            try:
+                os.replace(cand, path)
+            except OSError:  # another process (a second rank) finished the swap first
+                return (path / "state.json").is_file()
+            if cand is tmp:
+                shutil.rmtree(old, ignore_errors=True)
+            return True
+    return False
+
+
+def checkpoint_exists(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a checkpoint (after finishing an interrupted swap)."""
+    return recover_checkpoint(path)
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     model: torch.nn.Module,
@@ -65,7 +101,8 @@ def save_checkpoint(
 ) -> Path:
     """Write a checkpoint folder atomically; returns its path."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    recover_checkpoint(path)  # an interrupted swap's new folder must not be deleted below
+    tmp, old = _swap_names(path)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -87,8 +124,7 @@ def save_checkpoint(
         "optimizer": opt_meta,
         "state": state or {},
     }
-    atomic_write_json(tmp / "state.json", meta)
-    old = path.with_name(f".{path.name}.old")
+    atomic_write_json(tmp / "state.json", meta)  # last: a complete folder has its state.json
     if path.exists():
         if old.exists():
             shutil.rmtree(old)
@@ -117,6 +153,7 @@ def _read_verified(path: Path, name: str, info: dict[str, Any]) -> bytes:
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The parsed ``state.json`` of a checkpoint (validated)."""
     path = Path(path)
+    recover_checkpoint(path)
     if not path.exists():
         raise LoopLMError(f"checkpoint {path} does not exist")
     if path.is_file() and path.name in ("model.safetensors", "state.json"):

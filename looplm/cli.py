@@ -39,10 +39,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; ``key=value`` settings may also follow an option.
+
+    ``looplm train CFG out_dir=X --resume train.steps=20``: argparse stops filling a positional
+    list at the first option, so the settings after it come back unparsed; they join the
+    command's ``key=value`` list (``overrides`` or ``settings``). Anything else is an error.
+    """
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        dest = next((d for d in _KEY_VALUE_LISTS if isinstance(getattr(args, d, None), list)), None)
+        if dest is None or any(a.startswith("-") or "=" not in a for a in rest):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        setattr(args, dest, [*getattr(args, dest), *rest])
+    return args
+
+
+_KEY_VALUE_LISTS = ("overrides", "settings")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except LoopLMError as exc:

@@ -40,6 +40,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 INIT_SCHEMES = ("normal", "depth_scaled")
 POSITIONS = ("learned", "rope", "none")
 ATTENTIONS = ("causal", "adjacency")
+UNSHARED = "unshared"  # the ordinary N-layer Transformer: no shared block, no recurrence
 
 
 @dataclass
@@ -83,13 +84,10 @@ class ModelConfig:
     core_layers: int = 1
     coda_layers: int = 0
 
-    def body_applications(self, loops: float, c_body: int = 1) -> float:
-        """Layer applications per token at loop depth ``loops`` (N_body of Eq. 20): the unshared
-        model runs min(T, n_layers) layers; a looped model runs its prelude and coda once and its
-        k-layer core ``c_body`` times per loop step."""
-        if self.recurrence == "unshared":
-            return min(float(loops), float(self.n_layers))
-        return self.prelude_layers + self.coda_layers + c_body * self.core_layers * float(loops)
+    @property
+    def is_looped(self) -> bool:
+        """True for a shared block run by a recurrence, False for the unshared Transformer."""
+        return self.recurrence != UNSHARED
 
     def validate(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "context", "n_layers")
@@ -175,6 +173,7 @@ class TrainConfig:
     tensorboard: bool = False
     parallel: str = "ddp"  # under torchrun (WORLD_SIZE > 1): ddp | fsdp (FSDP2 fully_shard)
     peak_tflops: float = 790.0  # MFU denominator per GPU (H200 dense bf16, measured); 0: no MFU
+    max_wall_s: float = 0.0  # >0: stop (checkpoint written) after this many seconds of training
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "depth_min", "depth_max", "log_every")
@@ -195,8 +194,9 @@ class TrainConfig:
                 raise LoopLMError(
                     f"train.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
                 )
-        if self.peak_tflops < 0:
-            raise LoopLMError(f"train.peak_tflops={self.peak_tflops} must be >= 0")
+        for key in ("peak_tflops", "max_wall_s"):
+            if getattr(self, key) < 0:
+                raise LoopLMError(f"train.{key}={getattr(self, key)} must be >= 0")
         if self.truncate_k < 0 or self.warmup < 0:
             raise LoopLMError("train.truncate_k and train.warmup must be >= 0")
         for key in ("beta1", "beta2"):

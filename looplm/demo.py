@@ -186,7 +186,13 @@ def render_report(results: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | " + " | ".join(f"{r['accuracy']:.3f}" for r in m["sweep_harder"]) + " |"
         )
-    lines += ["", "## What this run shows", ""]
+    return "\n".join(lines + _findings(results))
+
+
+def _findings(results: dict[str, Any]) -> list[str]:
+    """The report's closing section: per method the test at T = 8, best depth, ranking."""
+    methods = results["methods"]
+    lines = ["", "## What this run shows", ""]
     for name, m in methods.items():
         in_range = [r["accuracy"] for r in m["sweep"] if r["depth"] <= 8]
         beyond = [r["accuracy"] for r in m["sweep"] if r["depth"] > 8]
@@ -213,19 +219,14 @@ def render_report(results: dict[str, Any]) -> str:
         "![depth response](depth_response.png)",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def plot_depth_response(results: dict[str, Any], path: Path) -> None:
     """Accuracy vs loop depth (log2 axis), chance line, extra-loop region shaded."""
-    import matplotlib
+    from looplm.results.plotting import new_figure, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from looplm.io import atomic_write_bytes
-
-    fig, ax = plt.subplots(figsize=(9.5, 4.2))
+    fig, ax = new_figure((9.5, 4.2), layout=None)
     ax.axvspan(8, max(results["depths"]) * 1.2, color="0.92", label="T > 8 (extra loops)")
     for name, m in results["methods"].items():
         d = [r["depth"] for r in m["sweep"]]
@@ -256,9 +257,4 @@ def plot_depth_response(results: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_png(fig, path, dpi=120)

@@ -3,7 +3,10 @@
 ``run_experiment("configs/experiments/wt2_tiny.yaml")`` (CLI: ``looplm sweep CONFIG``) trains every
 run of the grid (skipping runs whose checkpoint is complete, resuming interrupted ones), evaluates
 each run (skipping evaluations whose identity is already in the results store), then writes the
-report (``looplm report``) plus ``supplement.md`` (adaptive-depth runtime, LAMBADA exact-word).
+report (``looplm report``) plus ``supplement.md`` (adaptive-depth runtime, LAMBADA exact-word;
+:mod:`looplm.results.supplement`). The evaluations are the registered evaluation kinds
+(:mod:`looplm.evaluate.kinds`: ``fixed``, ``adaptive``, ``transfer``, ``lambada``, and any
+plugin), each configured by its section under ``evaluate``.
 Re-running the same command after an interruption finishes the missing work only.
 
 Config keys (all but ``base``, ``methods`` optional)::
@@ -50,7 +53,6 @@ Config keys (all but ``base``, ``methods`` optional)::
 from __future__ import annotations
 
 import copy
-import math
 import os
 import re
 import sys
@@ -62,8 +64,10 @@ from typing import Any
 
 import yaml
 
-from looplm.config import RunConfig, config_from_dict, parse_overrides
+from looplm.config import UNSHARED, RunConfig, config_from_dict, parse_overrides
+from looplm.device import depth_list, progress_enabled
 from looplm.errors import LoopLMError
+from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys
 
 _TOP_KEYS = {
     "name",
@@ -80,58 +84,7 @@ _TOP_KEYS = {
     "evaluate",
     "report",
 }
-_EVAL_KEYS = {
-    "split",
-    "max_tokens",
-    "depths",
-    "batch_size",
-    "tag",
-    "adaptive",
-    "transfer",
-    "lambada",
-}
-_ADAPTIVE_KEYS = {
-    "ceiling",
-    "rules",
-    "budgets",
-    "kl_thresholds",
-    "router_probs",
-    "label_threshold",
-    "calib_split",
-    "calib_max_tokens",
-    "timing_depths",
-    "timing_repeats",
-    "time_dense",
-    "skip",
-}
-_TRANSFER_KEYS = {"dataset", "split", "max_tokens", "depths"}
-_LAMBADA_KEYS = {"path", "max_examples", "depths", "batch_size"}
 _REPORT_KEYS = {"seeds", "train_depth_max", "allow_incomplete", "reference", "n_boot"}
-
-
-def _check_keys(d: Any, allowed: set[str], where: str) -> dict[str, Any]:
-    if d is None:
-        return {}
-    if not isinstance(d, dict):
-        raise LoopLMError(f"{where} must be a mapping, got {type(d).__name__}")
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise LoopLMError(
-            f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(allowed))}"
-        )
-    return d
-
-
-def _depths(value: Any, where: str) -> list[int]:
-    from looplm.commands.evaluate import parse_depths
-
-    if isinstance(value, str):
-        return parse_depths(value)
-    if isinstance(value, int):
-        return parse_depths(str(value))
-    if isinstance(value, (list, tuple)):
-        return parse_depths(",".join(str(v) for v in value))
-    raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
 
 
 _METHOD_KEYS = {"name", "recurrence", "args", "overrides"}
@@ -145,12 +98,12 @@ def _method_entry(m: Any, i: int) -> dict[str, Any]:
 
     if isinstance(m, str):
         m = {"name": m}
-    m = _check_keys(m, _METHOD_KEYS, f"methods[{i}]")
+    m = check_keys(m, _METHOD_KEYS, f"methods[{i}]")
     if not m.get("name"):
         raise LoopLMError(f"methods[{i}] needs a name")
     name = str(m["name"])
     rec = str(m.get("recurrence") or name)
-    if rec != "unshared":
+    if rec != UNSHARED:
         get_recurrence_class(rec)  # LoopLMError naming the allowed methods
     args = m.get("args") or {}
     overrides = m.get("overrides") or []
@@ -191,6 +144,12 @@ class RunPlan:
         return self.run_dir / "ckpt"
 
     @property
+    def has_checkpoint(self) -> bool:
+        from looplm.checkpoint import checkpoint_exists
+
+        return checkpoint_exists(self.ckpt)
+
+    @property
     def label(self) -> str:
         v = f"{self.variant}/" if self.variant else ""
         return f"{v}{self.method} seed {self.seed}"
@@ -212,10 +171,7 @@ class Experiment:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Experiment:
-    """Parse and validate an experiment YAML; every run's RunConfig is built (and validated)."""
-    from looplm.evaluate.records import model_hash, protocol_name
-
+def _read_yaml(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         cand = Path(__file__).resolve().parent.parent / "configs" / "experiments" / f"{path}.yaml"
@@ -226,13 +182,10 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise LoopLMError(f"experiment config {p}: not valid YAML ({exc})") from None
-    raw = _check_keys(raw, _TOP_KEYS, "experiment")
-    name = str(raw.get("name") or p.stem)
-    out_root = Path(raw.get("out_root") or f"runs/{name}")
-    data_dir = data_dir or raw.get("data_dir") or os.environ.get("LOOPLM_DATA_DIR")
-    base = raw.get("base")
-    if not isinstance(base, dict):
-        raise LoopLMError(f"experiment config {p}: 'base' (a RunConfig mapping) is required")
+    return p, check_keys(raw, _TOP_KEYS, "experiment")
+
+
+def _methods(raw: dict[str, Any], p: Path) -> list[dict[str, Any]]:
     methods = raw.get("methods")
     if not methods or not isinstance(methods, list):
         raise LoopLMError(f"experiment config {p}: 'methods' must be a non-empty list")
@@ -241,13 +194,23 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise LoopLMError(f"experiment config {p}: method name {dup[0]!r} appears twice")
+    return methods
+
+
+def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | None) -> list[RunPlan]:
+    """One plan per variant × method × seed, each RunConfig built (and validated)."""
+    from looplm.evaluate.records import model_hash, protocol_name
+
+    base = raw.get("base")
+    if not isinstance(base, dict):
+        raise LoopLMError(f"experiment config {p}: 'base' (a RunConfig mapping) is required")
+    methods = _methods(raw, p)
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds):
         raise LoopLMError(f"experiment config {p}: 'seeds' must be a list of integers")
-    variants = raw.get("variants") or [{"name": "", "overrides": []}]
     runs = []
-    for i, var in enumerate(variants):
-        var = _check_keys(var, {"name", "overrides"}, f"variants[{i}]")
+    for i, var in enumerate(raw.get("variants") or [{"name": "", "overrides": []}]):
+        var = check_keys(var, {"name", "overrides"}, f"variants[{i}]")
         vname = str(var.get("name") or "")
         overrides = var.get("overrides") or []
         if not isinstance(overrides, list):
@@ -255,9 +218,7 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
         for entry in methods:
             method = entry["name"]
             for seed in seeds:
-                sub = (
-                    Path(vname) / method / f"seed{seed}" if vname else Path(method) / f"seed{seed}"
-                )
+                sub = Path(vname) / method if vname else Path(method)
                 d = _merge(base, parse_overrides([str(o) for o in overrides]))
                 d = _merge(d, parse_overrides(entry["overrides"]))
                 d = _merge(
@@ -265,7 +226,7 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
                     {
                         "model": {"recurrence": entry["recurrence"]},
                         "train": {"seed": seed},
-                        "out_dir": str(out_root / sub),
+                        "out_dir": str(out_root / sub / f"seed{seed}"),
                         "method": method if method != entry["recurrence"] else "",
                     },
                 )
@@ -278,20 +239,28 @@ def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Exp
                 if vname:
                     proto = f"{proto}-{vname}"
                 runs.append(RunPlan(method, seed, vname, cfg, proto, model_hash(cfg)))
-    ev = _check_keys(raw.get("evaluate") or {}, _EVAL_KEYS, "evaluate")
-    ev = dict(ev)
-    ev["depths"] = _depths(ev.get("depths", [4, 8, 12, 16, 24, 32, 48]), "evaluate.depths")
-    if "adaptive" in ev:
-        _check_keys(ev["adaptive"], _ADAPTIVE_KEYS, "evaluate.adaptive")
-    for i, t in enumerate(ev.get("transfer") or []):
-        _check_keys(t, _TRANSFER_KEYS, f"evaluate.transfer[{i}]")
-        if "dataset" not in t:
-            raise LoopLMError(f"evaluate.transfer[{i}] needs a dataset")
-    if ev.get("lambada"):
-        _check_keys(ev["lambada"], _LAMBADA_KEYS, "evaluate.lambada")
-        if "path" not in ev["lambada"]:
-            raise LoopLMError("evaluate.lambada needs a path (lambada_test.jsonl or its folder)")
-    rep = _check_keys(raw.get("report") or {}, _REPORT_KEYS, "report")
+    return runs
+
+
+def _evaluate_section(raw: dict[str, Any]) -> dict[str, Any]:
+    """The ``evaluate`` section with its depths parsed, every kind's settings validated."""
+    from looplm.evaluate.kinds import configure_kinds, evaluate_keys
+
+    ev = dict(check_keys(raw.get("evaluate") or {}, evaluate_keys(), "evaluate"))
+    ev["depths"] = depth_list(ev.get("depths", DEFAULT_DEPTHS), "evaluate.depths")
+    configure_kinds(ev)
+    return ev
+
+
+def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Experiment:
+    """Parse and validate an experiment YAML; every run's RunConfig is built (and validated)."""
+    p, raw = _read_yaml(path)
+    name = str(raw.get("name") or p.stem)
+    out_root = Path(raw.get("out_root") or f"runs/{name}")
+    data_dir = data_dir or raw.get("data_dir") or os.environ.get("LOOPLM_DATA_DIR")
+    runs = _run_plans(raw, p, out_root, data_dir)
+    ev = _evaluate_section(raw)
+    rep = check_keys(raw.get("report") or {}, _REPORT_KEYS, "report")
     threads = raw.get("torch_threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise LoopLMError(f"torch_threads={threads!r} must be a positive integer or null")
@@ -314,12 +283,9 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _show_progress() -> bool:
-    return sys.stderr.isatty() and os.environ.get("LOOPLM_NO_PROGRESS") != "1"
-
-
 def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
-    """Train ``plan`` unless its checkpoint is complete: returns 'skipped', 'resumed' or 'trained'.
+    """Train ``plan`` unless its checkpoint is complete: returns 'skipped', 'resumed' or 'trained'
+    ('stopped' when ``train.max_wall_s`` ended it, 'interrupted:<signal>' on SIGTERM/SIGINT).
 
     A checkpoint whose config hashes differently from the plan is an error (the YAML changed
     under an existing run folder): delete the folder or change ``out_root``.
@@ -329,7 +295,7 @@ def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
     from looplm.train import fit
 
     resume = False
-    if (plan.ckpt / "state.json").exists():
+    if plan.has_checkpoint:
         meta = read_meta(plan.ckpt)
         saved = config_from_dict(meta["config"])
         if model_hash(saved) != plan.model_hash or saved.train.seed != plan.seed:
@@ -341,31 +307,20 @@ def train_run(plan: RunPlan, *, progress: bool | None = None) -> str:
         if int(meta["state"].get("step", 0)) >= plan.cfg.train.steps:
             return "skipped"
         resume = True
-    fit(
-        plan.cfg,
-        resume=resume,
-        progress=_show_progress() if progress is None else progress,
-        quiet=True,
-    )
+    last = fit(plan.cfg, resume=resume, progress=progress_enabled(progress), quiet=True)
+    if last.get("stopped") == "signal":
+        return f"interrupted:{last['signal']}"
+    if last.get("stopped"):  # train.max_wall_s: the checkpoint is unfinished, evaluation waits
+        return "stopped"
     return "resumed" if resume else "trained"
 
 
 # ----------------------------------------------------------------------------- evaluation
-class _ListSource:
-    """A DataSource over precomputed evaluation batches (for ``depth_sweep``)."""
+def eval_kinds() -> list[str]:
+    """The registered evaluation kinds (``--redo`` names), in running order."""
+    from looplm.evaluate.kinds import kind_names
 
-    def __init__(self, batches: list, is_task: bool) -> None:
-        self.batches, self.is_task = batches, is_task
-
-    def eval_batches(self, batch_size, max_tokens=None, n_examples=0):
-        yield from self.batches
-
-
-EVAL_KINDS = ("fixed", "adaptive", "transfer", "lambada")
-
-
-def _missing(store, identities: list[dict[str, Any]], redo: bool = False) -> list[dict[str, Any]]:
-    return list(identities) if redo else [i for i in identities if store.get(**i) is None]
+    return kind_names()
 
 
 def evaluate_run(
@@ -376,190 +331,90 @@ def evaluate_run(
     progress: bool = False,
     redo: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, int]:
-    """All evaluations of one run that the store lacks; returns ``{"written", "skipped"}``.
+    """Every configured evaluation kind of one run, for the identities the store lacks; returns
+    ``{"written", "skipped"}``.
 
-    ``redo`` names evaluation kinds (:data:`EVAL_KINDS`) to run again even when stored; their rows
+    ``redo`` names evaluation kinds (:func:`eval_kinds`) to run again even when stored; their rows
     are replaced (same identities), e.g. to re-measure wall clock.
     """
     import torch
 
-    from looplm.checkpoint import load_checkpoint
-    from looplm.data.synthetic import TASKS
-    from looplm.evaluate import adaptive as ad
-    from looplm.evaluate.records import (
-        adaptive_calibration,
-        adaptive_records,
-        eval_tag,
-        fixed_depth_identities,
-        fixed_depth_records,
-        model_hash,
+    from looplm.evaluate.kinds import EvalJob, configure_kinds
+
+    job = EvalJob(
+        cfg=plan.cfg,
+        protocol=plan.protocol,
+        checkpoint=plan.ckpt,
+        model_hash=plan.model_hash,
+        evaluate=exp.evaluate,
+        data_dir=exp.data_dir,
+        progress=progress,
     )
-    from looplm.evaluate.sweep import depth_sweep
-    from looplm.train import resolve_device
-
-    ev = exp.evaluate
-    cfg = plan.cfg
-    dev = resolve_device(cfg.train.device)
-    bs = int(ev.get("batch_size") or cfg.eval.batch_size)
-    split = ev.get("split", "test")
-    cap = ev.get("max_tokens")
-    tag = eval_tag(ev.get("tag", ""), max_tokens=cap)
     written = skipped = 0
-    model = None
-    extra = {"checkpoint": str(plan.ckpt)}
-
-    def load():
-        nonlocal model
-        if model is None:
-            model, saved, meta = load_checkpoint(plan.ckpt, map_location=dev)
-            if model_hash(saved) != plan.model_hash:
-                raise LoopLMError(f"{plan.ckpt}: config hash changed since training")
-            extra["step"] = meta["state"].get("step")
-        return model
-
-    def fixed(dataset: str, sp: str, depths: list[int], max_tokens, tg: str, kind: str) -> None:
-        nonlocal written, skipped
-        ids = fixed_depth_identities(
-            cfg, depths, dataset=dataset, split=sp, tag=tg, protocol=plan.protocol
-        )
-        todo = sorted(i["depth"] for i in _missing(store, ids, kind in redo))
-        skipped += len(depths) - len(todo)
-        if not todo:
-            return
-        m = load()
-        data = ad.evaluation_batches(cfg, sp, max_tokens, bs, dataset)
-        rows = depth_sweep(
-            m,
-            _ListSource(data, dataset in TASKS),
-            todo,
-            batch_size=bs,
-            device=dev,
-            progress=progress,
-        )
-        recs = fixed_depth_records(
-            rows, cfg, dataset=dataset, split=sp, tag=tg, protocol=plan.protocol, extra=extra
-        )
-        store.put_many(recs)
-        written += len(recs)
-
     with torch.no_grad():
-        # 1. fixed-depth sweep on the training corpus
-        fixed(cfg.data.dataset, split, ev["depths"], cap, tag, "fixed")
-        # 2. adaptive depth (shared-block models only)
-        a = ev.get("adaptive")
-        if a is not None and cfg.model.recurrence != "unshared":
-            rules = a.get("rules", list(ad.RULES))
-            kw = {
-                "ceiling": int(a.get("ceiling", ad.DEFAULT_CEILING)),
-                "budgets": a.get("budgets", list(ad.DEFAULT_BUDGETS)),
-                "kl_thresholds": a.get("kl_thresholds", list(ad.DEFAULT_KL_THRESHOLDS)),
-                "router_probs": a.get("router_probs", list(ad.DEFAULT_ROUTER_PROBS)),
-            }
-            label = float(a.get("label_threshold", ad.DEFAULT_LABEL_THRESHOLD))
-            calib_split = a.get("calib_split", "validation")
-            calib_cap = a.get("calib_max_tokens")
-            modes = ad.adaptive_modes(rules, kw["budgets"], kw["kl_thresholds"], kw["router_probs"])
-            want = set()
-            for rule, ms in modes.items():
-                cal = adaptive_calibration(rule, calib_split, calib_cap, label)
-                for mode in ms:
-                    ident = {
-                        **fixed_depth_identities(
-                            cfg,
-                            [kw["ceiling"]],
-                            dataset=cfg.data.dataset,
-                            split=split,
-                            tag=tag,
-                            protocol=plan.protocol,
-                        )[0],
-                        "adaptive_mode": mode,
-                        "calibration": cal,
-                    }
-                    if "adaptive" in redo or store.get(**ident) is None:
-                        want.add(mode)
-                    else:
-                        skipped += 1
-            if want:
-                res = ad.evaluate_adaptive(
-                    load(),
-                    cfg,
-                    rules=rules,
-                    label_threshold=label,
-                    split=split,
-                    calib_split=calib_split,
-                    max_tokens=cap,
-                    calib_max_tokens=calib_cap,
-                    batch_size=bs,
-                    skip=bool(a.get("skip", True)),
-                    timing_depths=a.get("timing_depths", []),
-                    timing_repeats=int(a.get("timing_repeats", 1)),
-                    time_dense=bool(a.get("time_dense", False)),
-                    device=dev,
-                    progress=progress,
-                    want=want,
-                    **kw,
-                )
-                recs = adaptive_records(res, cfg, tag=tag, protocol=plan.protocol, extra=extra)
-                store.put_many(recs)
-                written += len(recs)
-        # 3. held-out transfer
-        for t in ev.get("transfer") or []:
-            tcap = t.get("max_tokens", cap)
-            fixed(
-                t["dataset"],
-                t.get("split", "test"),
-                _depths(t.get("depths", ev["depths"]), "transfer.depths"),
-                tcap,
-                eval_tag(ev.get("tag", ""), max_tokens=tcap),
-                "transfer",
-            )
-        # 4. LAMBADA
-        lam = ev.get("lambada")
-        if lam:
-            from looplm.data.corpora import lambada_examples
-            from looplm.data.tokenizers import get_tokenizer
-            from looplm.evaluate.completion import lambada_items, lambada_sweep
-
-            n_ex = lam.get("max_examples")
-            ltag = eval_tag(ev.get("tag", ""), max_examples=n_ex)
-            depths = _depths(lam.get("depths", ev["depths"]), "lambada.depths")
-            ids = fixed_depth_identities(
-                cfg, depths, dataset="lambada", split="test", tag=ltag, protocol=plan.protocol
-            )
-            todo = sorted(i["depth"] for i in _missing(store, ids, "lambada" in redo))
-            skipped += len(depths) - len(todo)
+        for kind in configure_kinds(exp.evaluate):
+            ids = kind.identities(job)
+            todo = ids if kind.name in redo else [i for i in ids if store.get(**i) is None]
+            skipped += len(ids) - len(todo)
             if todo:
-                path = Path(lam["path"])
-                if not path.exists() and exp.data_dir:
-                    path = Path(exp.data_dir) / lam["path"]
-                items = lambada_items(
-                    lambada_examples(path)[:n_ex],
-                    get_tokenizer(cfg.model.tokenizer),
-                    cfg.model.context,
-                )
-                rows = lambada_sweep(
-                    load(),
-                    items,
-                    todo,
-                    batch_size=int(lam.get("batch_size", bs)),
-                    device=dev,
-                    progress=progress,
-                )
-                recs = fixed_depth_records(
-                    rows,
-                    cfg,
-                    dataset="lambada",
-                    split="test",
-                    tag=ltag,
-                    protocol=plan.protocol,
-                    extra=extra,
-                )
+                recs = kind.run(job, todo)
                 store.put_many(recs)
                 written += len(recs)
     return {"written": written, "skipped": skipped}
 
 
 # ----------------------------------------------------------------------------- driver
+def _train_all(exp: Experiment, summary: dict[str, Any], show: bool) -> bool:
+    """Train every run (skipping finished ones); False when a signal interrupted training."""
+    n = len(exp.runs)
+    for i, plan in enumerate(exp.runs, 1):
+        t0 = time.perf_counter()
+        _log(f"[train {i}/{n}] {plan.label} ({plan.cfg.train.steps} steps) → {plan.run_dir}")
+        status = train_run(plan, progress=show)
+        dt = time.perf_counter() - t0
+        summary["timings"][f"train {plan.label}"] = dt
+        _log(f"[train {i}/{n}] {plan.label}: {status} in {dt:.1f} s")
+        if status.startswith("interrupted:"):  # the checkpoint is written; rerun to resume
+            summary["interrupted"] = int(status.split(":")[1])
+            return False
+        key = "skipped_training" if status == "skipped" else status
+        summary[key] = summary.get(key, 0) + 1
+    return True
+
+
+def _evaluate_all(
+    exp: Experiment, summary: dict[str, Any], show: bool, redo: frozenset[str]
+) -> None:
+    """Evaluate every finished run into the store (what it already holds is skipped)."""
+    from looplm.checkpoint import read_meta
+    from looplm.results.store import ResultsStore
+
+    n = len(exp.runs)
+    with ResultsStore(exp.store) as store:
+        for i, plan in enumerate(exp.runs, 1):
+            if not plan.has_checkpoint:
+                _log(f"[eval {i}/{n}] {plan.label}: no checkpoint, skipped")
+                continue
+            step = int(read_meta(plan.ckpt)["state"].get("step", 0))
+            if step < plan.cfg.train.steps:  # never store results of a half-trained model
+                _log(
+                    f"[eval {i}/{n}] {plan.label}: checkpoint at step {step} of "
+                    f"{plan.cfg.train.steps} (unfinished), skipped"
+                )
+                continue
+            t0 = time.perf_counter()
+            _log(f"[eval {i}/{n}] {plan.label} …")
+            res = evaluate_run(plan, exp, store, progress=show, redo=redo)
+            dt = time.perf_counter() - t0
+            summary["timings"][f"eval {plan.label}"] = dt
+            summary["rows_written"] += res["written"]
+            summary["evals_skipped"] += res["skipped"]
+            _log(
+                f"[eval {i}/{n}] {plan.label}: {res['written']} rows written, "
+                f"{res['skipped']} already in the store ({dt:.1f} s)"
+            )
+
+
 def run_experiment(
     path: str | os.PathLike,
     *,
@@ -572,16 +427,14 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train, evaluate, store and report an experiment grid (resumable; see module docstring).
 
-    ``redo``: evaluation kinds (``fixed``, ``adaptive``, ``transfer``, ``lambada``) to recompute
-    even where the store has them (their rows are replaced, never duplicated)."""
-    from looplm.checkpoint import read_meta
-    from looplm.results.store import ResultsStore
-
-    bad = sorted(set(redo) - set(EVAL_KINDS))
+    ``redo``: evaluation kinds (``fixed``, ``adaptive``, ``transfer``, ``lambada``, …) to
+    recompute even where the store has them (their rows are replaced, never duplicated)."""
+    kinds = eval_kinds()
+    bad = sorted(set(redo) - set(kinds))
     if bad:
-        raise LoopLMError(f"unknown --redo kind {bad[0]!r}; allowed: {', '.join(EVAL_KINDS)}")
+        raise LoopLMError(f"unknown --redo kind {bad[0]!r}; allowed: {', '.join(kinds)}")
     exp = load_experiment(path, data_dir)
-    show = _show_progress() if progress is None else progress
+    show = progress_enabled(progress)
     n = len(exp.runs)
     summary: dict[str, Any] = {
         "experiment": exp.name,
@@ -596,7 +449,7 @@ def run_experiment(
     }
     if dry_run:
         for i, plan in enumerate(exp.runs, 1):
-            done = (plan.ckpt / "state.json").exists()
+            done = plan.has_checkpoint
             _log(
                 f"[{i}/{n}] {plan.label}: {plan.run_dir} (hash {plan.model_hash}, protocol "
                 f"{plan.protocol}){' — checkpoint exists' if done else ''}"
@@ -607,38 +460,9 @@ def run_experiment(
 
         torch.set_num_threads(exp.torch_threads)
     t_all = time.perf_counter()
-    if train:
-        for i, plan in enumerate(exp.runs, 1):
-            t0 = time.perf_counter()
-            _log(f"[train {i}/{n}] {plan.label} ({plan.cfg.train.steps} steps) → {plan.run_dir}")
-            status = train_run(plan, progress=show)
-            dt = time.perf_counter() - t0
-            summary["timings"][f"train {plan.label}"] = dt
-            summary["skipped_training" if status == "skipped" else status] += 1
-            _log(f"[train {i}/{n}] {plan.label}: {status} in {dt:.1f} s")
-    with ResultsStore(exp.store) as store:
-        for i, plan in enumerate(exp.runs, 1):
-            if not (plan.ckpt / "state.json").exists():
-                _log(f"[eval {i}/{n}] {plan.label}: no checkpoint, skipped")
-                continue
-            step = int(read_meta(plan.ckpt)["state"].get("step", 0))
-            if step < plan.cfg.train.steps:  # never store results of a half-trained model
-                _log(
-                    f"[eval {i}/{n}] {plan.label}: checkpoint at step {step} of "
-                    f"{plan.cfg.train.steps} (unfinished), skipped"
-                )
-                continue
-            t0 = time.perf_counter()
-            _log(f"[eval {i}/{n}] {plan.label} …")
-            res = evaluate_run(plan, exp, store, progress=show, redo=frozenset(redo))
-            dt = time.perf_counter() - t0
-            summary["timings"][f"eval {plan.label}"] = dt
-            summary["rows_written"] += res["written"]
-            summary["evals_skipped"] += res["skipped"]
-            _log(
-                f"[eval {i}/{n}] {plan.label}: {res['written']} rows written, "
-                f"{res['skipped']} already in the store ({dt:.1f} s)"
-            )
+    if train and not _train_all(exp, summary, show):
+        return summary
+    _evaluate_all(exp, summary, show, frozenset(redo))
     if report:
         summary["report"] = write_experiment_report(exp)
         _log(f"report: {summary['report']['report_md']}")
@@ -649,6 +473,7 @@ def run_experiment(
 def write_experiment_report(exp: Experiment) -> dict[str, Any]:
     """``looplm report`` on the experiment's store, plus ``supplement.md``."""
     from looplm.results.report import write_report
+    from looplm.results.supplement import write_supplement
 
     rep = exp.report
     depth_max = rep.get("train_depth_max") or max(r.cfg.train.depth_max for r in exp.runs)
@@ -668,353 +493,3 @@ def write_experiment_report(exp: Experiment) -> dict[str, Any]:
         "figures": [str(f) for f in res.figures] + [str(f) for f in sup["figures"]],
         "incomplete": res.incomplete,
     }
-
-
-# ----------------------------------------------------------------------------- supplement
-def _mean_std(vals: list[float]) -> tuple[float, float]:
-    import numpy as np
-
-    a = np.asarray([v for v in vals if v is not None and math.isfinite(v)], dtype=float)
-    if a.size == 0:
-        return math.nan, math.nan
-    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else math.nan
-
-
-def _fmt(m: float, s: float, d: int = 2) -> str:
-    if not math.isfinite(m):
-        return "–"
-    return f"{m:.{d}f}" + (f" ± {s:.{d}f}" if math.isfinite(s) else "")
-
-
-def _uniform_ppl_at(fixed: dict[int, float], depth: float) -> float:
-    """Uniform-depth PPL at a fractional depth: linear interpolation of log PPL between the
-    evaluated depths (NaN outside their range)."""
-    import numpy as np
-
-    ds = sorted(fixed)
-    if not ds or not ds[0] <= depth <= ds[-1]:
-        return math.nan
-    return float(np.exp(np.interp(depth, ds, [math.log(fixed[d]) for d in ds])))
-
-
-def write_supplement(store_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, Any]:
-    """``supplement.md`` + figures: what the main report does not tabulate — per adaptive rule the
-    achieved depth vs target, quality relative to uniform depth at the same average depth (paired
-    by seed), the FLOP proxy and measured wall clock (with and without work skipping, and uniform
-    fixed-depth timings), router fit statistics, and LAMBADA exact-word accuracy. Reads the store
-    file only."""
-    from looplm.io import atomic_write_text
-    from looplm.results.store import group_by, load_records
-
-    out = Path(out_dir)
-    recs = load_records(store_path)
-    md = [
-        "# Supplement: adaptive-depth quality, runtime and LAMBADA exact-word accuracy",
-        "",
-        f"Source: `{store_path}`. Values are mean ± sample std over seeds (std omitted for one "
-        "seed). Wall clock is measured on the evaluation machine, summed over the capped "
-        "evaluation set (the minimum over the configured timing repeats); on a shared machine it "
-        "is noisy.",
-        "",
-    ]
-    figures: list[Path] = []
-    adaptive = [r for r in recs if r.adaptive_mode]
-    fixed_all = [r for r in recs if not r.adaptive_mode and not r.calibration]
-    ctx_fields = ("protocol", "dataset", "split", "eval_tag")
-    for key, crecs in sorted(group_by(adaptive, ctx_fields + ("depth",)).items()):
-        proto, ds, sp, tg, ceiling = key
-        # uniform-depth PPL per (method, model_hash, seed) in the same context
-        uni_ppl: dict[tuple, dict[int, float]] = {}
-        for r in fixed_all:
-            if (r.protocol, r.dataset, r.split, r.eval_tag) == key[:4]:
-                uni_ppl.setdefault((r.method, r.model_hash, r.seed), {})[r.depth] = r.ppl
-        # uniform wall clock per (method, seed): from the latest adaptive record of that seed
-        latest: dict[tuple, Any] = {}
-        for r in crecs:
-            k = (r.method, r.seed)
-            if r.extra.get("uniform_wall_clock_s") and (
-                k not in latest or (r.updated_at or "") > (latest[k].updated_at or "")
-            ):
-                latest[k] = r
-        uni_wall: dict[str, dict[int, list[float]]] = {}
-        for (m, _seed), r in sorted(latest.items()):
-            for T, v in r.extra["uniform_wall_clock_s"].items():
-                uni_wall.setdefault(m, {}).setdefault(int(T), []).append(float(v))
-        md += [
-            f"## Adaptive depth — {ds} / {sp}, protocol `{proto}`"
-            + (f", tag `{tg}`" if tg else "")
-            + f", ceiling {ceiling}",
-            "",
-            "| Method | mode | target | achieved mean depth | PPL | Δ vs uniform % "
-            "| body FLOPs/token | wall s | wall s, no skipping | seeds |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        rel_pts: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
-        wall_pts: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        dense_pts: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        rows = []
-        for (method, mode), cell in group_by(crecs, ("method", "adaptive_mode")).items():
-            depth = _mean_std([r.extra.get("mean_depth") for r in cell])
-            rows.append((method, mode.split(":")[0], depth[0], mode, cell))
-        for method, fam, _d, mode, cell in sorted(rows):
-            depth = _mean_std([r.extra.get("mean_depth") for r in cell])
-            ppl = _mean_std([r.ppl for r in cell])
-            rel = []
-            for r in cell:
-                u = _uniform_ppl_at(
-                    uni_ppl.get((r.method, r.model_hash, r.seed), {}), r.extra["mean_depth"]
-                )
-                rel.append(100.0 * (r.ppl / u - 1.0) if math.isfinite(u) else math.nan)
-            relm = _mean_std(rel)
-            fl, _ = _mean_std([r.extra.get("flops_per_token_body") for r in cell])
-            wall = _mean_std([r.extra.get("wall_clock_s") for r in cell])
-            dense = _mean_std([r.extra.get("wall_clock_dense_s") for r in cell])
-            target = cell[0].extra.get("target")
-            md.append(
-                f"| {method} | `{mode}` | {f'{target:g}' if target else '–'} | "
-                f"{_fmt(*depth)} | {_fmt(*ppl)} | {_fmt(*relm)} | {fl:.3g} | {_fmt(*wall)} | "
-                f"{_fmt(*dense)} | {len(cell)} |"
-            )
-            rel_pts.setdefault((method, fam), []).append((depth[0], depth[1], *relm))
-            wall_pts.setdefault((method, fam), []).append((depth[0], wall[0]))
-            if math.isfinite(dense[0]):
-                dense_pts.setdefault((method, fam), []).append((depth[0], dense[0]))
-        md += [
-            "",
-            "*target*: calibrated mean budget (max-token rule, calibrated on validation). "
-            "*achieved*: mean active loops per scored token on this split. *Δ vs uniform*: PPL "
-            "relative to the same seed's uniform-depth PPL at the same (fractional) average depth, "
-            "log-linearly interpolated between evaluated depths; negative = better than spending "
-            "the same average depth uniformly. *body FLOPs/token*: Eq. 20 proxy at the achieved "
-            "depth (idealised: the per-token rules still compute keys/values of halted tokens). "
-            "*no skipping*: the per-token rule run with the dense block on every token.",
-            "",
-        ]
-        if uni_wall:
-            md += [
-                "Uniform fixed-depth wall clock on the same tokens (s, mean over seeds): "
-                + "; ".join(
-                    f"{m}: "
-                    + ", ".join(f"T={T} {sum(v) / len(v):.2f}" for T, v in sorted(d.items()))
-                    for m, d in sorted(uni_wall.items())
-                ),
-                "",
-            ]
-        routers = [r for r in crecs if r.adaptive_mode.startswith("router") and "router" in r.extra]
-        if routers:
-            md += [
-                "Router fit (validation, per seed): "
-                + "; ".join(
-                    sorted(
-                        {
-                            f"{r.method} s{r.seed}: positives "
-                            f"{r.extra['router']['positive_rate']:.3f}, train acc "
-                            f"{r.extra['router']['train_accuracy']:.3f} (majority "
-                            f"{r.extra['router']['majority_accuracy']:.3f})"
-                            for r in routers
-                        }
-                    )
-                ),
-                "",
-            ]
-        slug = _slug(ds, sp, proto, tg)
-        fig = _plot_relative(
-            rel_pts,
-            out / "figures" / f"adaptive_vs_uniform_{slug}.png",
-            f"{ds} / {sp}, ceiling {ceiling}",
-        )
-        if fig:
-            figures.append(fig)
-            md += [
-                f"![adaptive quality relative to uniform depth](figures/{fig.name})",
-                "",
-                "*PPL of each adaptive rule relative to uniform depth at the same average depth "
-                "(paired by seed; mean ± std over seeds, x error bars: std of the achieved "
-                "depth). Below 0: the rule beats uniform depth at equal average compute.*",
-                "",
-            ]
-        fig = _plot_wallclock(
-            wall_pts,
-            dense_pts,
-            uni_wall,
-            out / "figures" / f"adaptive_wallclock_{slug}.png",
-            f"{ds} / {sp}, ceiling {ceiling}",
-        )
-        if fig:
-            figures.append(fig)
-            md += [
-                f"![wall clock vs achieved depth](figures/{fig.name})",
-                "",
-                "*Measured wall clock (s, whole capped split, mean over seeds) vs achieved mean "
-                "depth; dashed: uniform fixed depth; filled markers: adaptive rules; hollow "
-                "markers, dotted: the per-token rules without work skipping.*",
-                "",
-            ]
-    lam = [r for r in recs if r.dataset == "lambada" and not r.adaptive_mode]
-    for (proto, tg), lrecs in sorted(group_by(lam, ("protocol", "eval_tag")).items()):
-        md += [
-            f"## LAMBADA — protocol `{proto}`" + (f", tag `{tg}`" if tg else ""),
-            "",
-            "| Method | T | completion PPL | target-token acc % | exact last-word acc % | seeds |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for (method, T), cell in sorted(group_by(lrecs, ("method", "depth")).items()):
-            p = _mean_std([r.ppl for r in cell])
-            a = _mean_std([100 * r.extra["n_correct"] / r.extra["n_examples"] for r in cell])
-            e = _mean_std(
-                [100 * r.extra["exact_word_correct"] / r.extra["n_passages"] for r in cell]
-            )
-            md.append(f"| {method} | {T} | {_fmt(*p, 1)} | {_fmt(*a)} | {_fmt(*e)} | {len(cell)} |")
-        md += [
-            "",
-            "Completion PPL and target-token accuracy over the target word's tokens "
-            "(teacher-forced); exact last-word = greedy decoding reproduces every target token.",
-            "",
-        ]
-    path = out / "supplement.md"
-    atomic_write_text(path, "\n".join(md) + "\n")
-    return {"md": path, "figures": figures}
-
-
-def _slug(*parts: Any) -> str:
-    import re
-
-    text = "_".join(str(p) for p in parts if p not in ("", None))
-    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-") or "all"
-
-
-_MARKERS = {"maxtoken": "s", "kl": "^", "router": "D"}
-
-
-def _figure(figsize: tuple[float, float]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt, *plt.subplots(figsize=figsize, layout="constrained")
-
-
-def _save(plt, fig, path: Path) -> Path:
-    import io
-
-    from looplm.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=130)
-    plt.close(fig)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
-
-
-def _plot_relative(
-    points: dict[tuple[str, str], list[tuple[float, float, float, float]]],
-    path: Path,
-    title: str,
-) -> Path | None:
-    """ΔPPL % vs uniform depth at equal average depth, per (method, rule)."""
-    pts = {
-        k: sorted(p for p in v if math.isfinite(p[0]) and math.isfinite(p[2]))
-        for k, v in points.items()
-    }
-    pts = {k: v for k, v in pts.items() if v}
-    if not pts:
-        return None
-    plt, fig, ax = _figure((7.8, 4.2))
-    methods = sorted({m for m, _ in pts})
-    color = {m: f"C{i % 10}" for i, m in enumerate(methods)}
-    ax.axhline(0.0, color="0.3", lw=1.0, ls="--", label="uniform depth (reference)")
-    for (m, fam), v in sorted(pts.items()):
-        ax.errorbar(
-            [p[0] for p in v],
-            [p[2] for p in v],
-            xerr=[p[1] if math.isfinite(p[1]) else 0.0 for p in v],
-            yerr=[p[3] if math.isfinite(p[3]) else 0.0 for p in v],
-            color=color[m],
-            marker=_MARKERS.get(fam, "x"),
-            ms=6,
-            lw=1.4,
-            capsize=2,
-            elinewidth=0.8,
-            label=f"{m} {fam}",
-        )
-    ax.set_xscale("log", base=2)
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    lo = min(p[0] for v in pts.values() for p in v)
-    hi = max(p[0] for v in pts.values() for p in v)
-    ticks = [t for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96) if lo / 1.3 <= t <= hi * 1.3]
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlim(lo / 1.3, hi * 1.3)
-    ax.set_xlabel("achieved average active depth (loops per token, log2 axis)")
-    ax.set_ylabel("PPL vs uniform depth at equal average depth (%)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, color="0.9", lw=0.6)
-    fig.legend(fontsize=7, frameon=False, loc="outside right upper")
-    return _save(plt, fig, path)
-
-
-def _plot_wallclock(
-    points: dict[tuple[str, str], list[tuple[float, float]]],
-    dense: dict[tuple[str, str], list[tuple[float, float]]],
-    uniform: dict[str, dict[int, list[float]]],
-    path: Path,
-    title: str,
-) -> Path | None:
-    """Measured wall clock vs achieved mean depth, adaptive rules and uniform depth."""
-    pts = {
-        k: sorted(p for p in v if math.isfinite(p[0]) and math.isfinite(p[1]))
-        for k, v in points.items()
-    }
-    pts = {k: v for k, v in pts.items() if v}
-    if not pts:
-        return None
-    plt, fig, ax = _figure((7.6, 4.2))
-    methods = sorted({m for m, _ in pts} | set(uniform))
-    color = {m: f"C{i % 10}" for i, m in enumerate(methods)}
-    for m, d in sorted(uniform.items()):
-        ts = sorted(d)
-        ax.plot(
-            ts,
-            [sum(d[t]) / len(d[t]) for t in ts],
-            color=color[m],
-            ls="--",
-            marker="o",
-            ms=3,
-            lw=1.1,
-            label=f"{m} uniform depth",
-        )
-    for (m, fam), v in sorted(pts.items()):
-        ax.plot(
-            [p[0] for p in v],
-            [p[1] for p in v],
-            color=color[m],
-            marker=_MARKERS.get(fam, "x"),
-            ms=6,
-            lw=1.4,
-            label=f"{m} {fam}",
-        )
-    for (m, fam), v in sorted(dense.items()):
-        v = sorted(p for p in v if math.isfinite(p[0]) and math.isfinite(p[1]))
-        if v and m in color:
-            ax.plot(
-                [p[0] for p in v],
-                [p[1] for p in v],
-                color=color[m],
-                ls=":",
-                lw=1.0,
-                marker=_MARKERS.get(fam, "x"),
-                ms=5,
-                mfc="none",
-                label=f"{m} {fam}, no skipping",
-            )
-    ax.set_xlabel("achieved mean active depth (loops per token)")
-    ax.set_ylabel("measured wall clock (s)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, color="0.9", lw=0.6)
-    ax.set_ylim(bottom=0)
-    fig.legend(fontsize=7, frameon=False, loc="outside right upper")
-    return _save(plt, fig, path)

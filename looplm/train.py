@@ -6,8 +6,9 @@
 Per optimizer step: draw the loop depth T uniformly from [depth_min, depth_max] (the same T on every
 rank, since it comes from the run seed and the step), accumulate ``grad_accum`` micro-batches, clip
 the global gradient norm, step AdamW with a cosine schedule after linear warmup. A non-finite loss or
-gradient skips the update (or stops the run) without touching weights or optimizer state. SIGTERM and
-SIGINT write a checkpoint before exiting. Metrics go to ``<out_dir>/metrics.jsonl``.
+gradient skips the update (or stops the run) without touching weights or optimizer state. SIGTERM,
+SIGINT, ``train.max_wall_s`` or a callback (``fit(cfg, callbacks=[...])``) stop the run with a
+checkpoint written, and ``fit`` returns. Metrics go to ``<out_dir>/metrics.jsonl``.
 
 The loss of a step is the token mean over the whole global batch (all ranks, all micro-batches):
 each micro-batch contributes its summed NLL divided by the global supervised-token count (known to
@@ -26,12 +27,12 @@ import base64
 import contextlib
 import json
 import math
-import os
 import random
 import resource
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from looplm.checkpoint import load_checkpoint, load_optimizer_state, read_meta, save_checkpoint
+from looplm.accounting import model_flops
+from looplm.checkpoint import (
+    checkpoint_exists,
+    load_checkpoint,
+    load_optimizer_state,
+    read_meta,
+    save_checkpoint,
+)
 from looplm.config import RunConfig, dump_config
 from looplm.data.sources import DataSource, make_source, step_seed
+from looplm.device import progress_enabled, resolve_device
 from looplm.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -79,14 +88,6 @@ def sample_depth(step: int, cfg: RunConfig) -> int:
 
 
 # ----------------------------------------------------------------------------- setup
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise LoopLMError("train.device=cuda but no CUDA GPU is available; use cpu or auto")
-    return torch.device(name)
-
-
 def autocast_context(cfg: RunConfig, device: torch.device):
     """bf16 autocast on GPU (``auto``/``bf16``); a no-op otherwise."""
     mode = cfg.train.autocast
@@ -162,18 +163,11 @@ def train_flops(model_cfg, loops: int, seq_len: int, n_input: int, n_supervised:
     """Training FLOPs of one step by the paper's proxy (Eqs. 20–21), ×3 for forward + backward.
 
     Body: ``N_body(T)·(8d² + 6·d·d_ff + 4·L·d)`` per input token; head: ``2·d·|V|`` per
-    supervised token (the loss reads out supervised positions only). Matches
-    ``looplm.flops(preset, recurrence, T, L)`` for a preset's own shape.
+    supervised token (the loss reads out supervised positions only); both from
+    :func:`looplm.accounting.model_flops`.
     """
-    d, ff, V = model_cfg.d_model, model_cfg.d_ff, model_cfg.vocab_size
-    if model_cfg.recurrence == "unshared":
-        n_body = min(loops, model_cfg.n_layers)
-    else:
-        from looplm.model.recurrences import get_recurrence_class
-
-        n_body = get_recurrence_class(model_cfg.recurrence).body_calls_per_step * loops
-    body = n_body * (8 * d * d + 6 * d * ff + 4 * seq_len * d)
-    return 3.0 * (body * n_input + 2 * d * V * n_supervised)
+    f = model_flops(model_cfg, loops, seq_len)
+    return 3.0 * (f["body"] * n_input + f["head"] * n_supervised)
 
 
 def peak_memory_mb(device: torch.device) -> tuple[str, float]:
@@ -227,7 +221,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         torch.backends.cudnn.allow_tf32 = True
     step = 0
     if resume:
-        if not (ckpt / "state.json").exists():
+        if not checkpoint_exists(ckpt):
             raise LoopLMError(f"cannot resume: no checkpoint at {ckpt}")
         model, saved_cfg, meta = load_checkpoint(ckpt, map_location=device)
         if saved_cfg.model != cfg.model:
@@ -431,107 +425,172 @@ def _open_metrics(out: Path, resume_step: int):
     return path.open("a")
 
 
+#: ``callback(ts, metrics)`` after every optimizer step (on every rank); True asks fit to stop.
+StepCallback = Callable[[TrainState, dict[str, Any]], "bool | None"]
+
+
+class _RunLog:
+    """Where a run's numbers go: the progress bar, metrics.jsonl and TensorBoard (rank 0)."""
+
+    def __init__(self, ts: TrainState, cfg: RunConfig, progress: bool | None) -> None:
+        from tqdm.auto import tqdm
+
+        out = Path(cfg.out_dir)
+        main = ts.dist.is_main
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out / "config.yaml", dump_config(cfg))
+        self.metrics_f = _open_metrics(out, ts.step) if main else None
+        self.tb = None
+        if cfg.train.tensorboard and main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise LoopLMError(
+                    "train.tensorboard=true needs `pip install looplm[tensorboard]`"
+                ) from None
+            self.tb = SummaryWriter(str(out / "tb"))
+        self.bar = tqdm(
+            total=cfg.train.steps,
+            initial=ts.step,
+            disable=not progress_enabled(progress) or not main,
+            desc=f"train {cfg.model.recurrence}",
+            dynamic_ncols=True,
+        )
+
+    def step(self, m: dict[str, Any]) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{m['loss']:.3f}", T=m["loops"])
+
+    def write(self, m: dict[str, Any], step: int) -> None:
+        if self.metrics_f:
+            self.metrics_f.write(json.dumps(m) + "\n")
+            self.metrics_f.flush()
+        if self.tb:
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.metrics_f:
+            self.metrics_f.close()
+        if self.tb:
+            self.tb.close()
+
+
+class _Meter:
+    """Throughput between logged steps: tokens/s, MFU (GPU), peak memory, elapsed time."""
+
+    def __init__(self, ts: TrainState, cfg: RunConfig) -> None:
+        cuda = ts.device.type == "cuda"
+        self.peak = cfg.train.peak_tflops * 1e12 * ts.dist.world_size if cuda else 0.0
+        self.device = ts.device
+        self.t0 = self.t_since = time.perf_counter()
+        self.tokens, self.flops = 0, 0.0
+
+    def add(self, m: dict[str, Any]) -> None:
+        self.tokens += m["tokens"]
+        self.flops += m["train_flops"]
+
+    def fill(self, m: dict[str, Any]) -> None:
+        """Put the rates since the last logged step into ``m`` and start a new interval."""
+        now = time.perf_counter()
+        dt = max(now - self.t_since, 1e-9)
+        m["tok_per_s"] = self.tokens / dt
+        if self.peak > 0:
+            m["mfu"] = self.flops / dt / self.peak
+        key, mb = peak_memory_mb(self.device)
+        m[key] = mb
+        m["elapsed_s"] = now - self.t0
+        self.tokens, self.flops, self.t_since = 0, 0.0, now
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
 def fit(
-    cfg: RunConfig, resume: bool = False, progress: bool | None = None, quiet: bool = False
+    cfg: RunConfig,
+    resume: bool = False,
+    progress: bool | None = None,
+    quiet: bool = False,
+    callbacks: Sequence[StepCallback] = (),
 ) -> dict[str, Any]:
     """Train according to ``cfg``; returns the last metrics (and final validation numbers).
 
     Logged every ``log_every`` steps (rank 0): loss, lr, T, grad norm, tokens/s, MFU (GPU only:
     the Eq. 20–21 proxy ×3 against ``train.peak_tflops`` per GPU) and peak memory (GPU: max
     allocated; CPU: peak resident set).
+
+    Stopping early: on SIGTERM/SIGINT, once ``train.max_wall_s`` seconds have passed, or when a
+    ``callbacks`` entry (``callback(ts, metrics)``, called after every step) returns True, fit
+    writes a checkpoint and returns the last step's metrics with ``stopped`` set to ``"signal"``
+    (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
+    validation then, and ``fit(cfg, resume=True)`` continues exactly.
     """
     ts = setup(cfg, resume=resume)
     try:
-        return _fit(ts, cfg, progress, quiet)
+        return _fit(ts, cfg, progress, quiet, list(callbacks))
     finally:
         cleanup(ts.dist)
 
 
-def _fit(ts: TrainState, cfg: RunConfig, progress: bool | None, quiet: bool) -> dict[str, Any]:
-    out = Path(cfg.out_dir)
-    if ts.dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "config.yaml", dump_config(cfg))
-    metrics_f = _open_metrics(out, ts.step) if ts.dist.is_main else None
-    tb = None
-    if cfg.train.tensorboard and ts.dist.is_main:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+def _stop_reason(
+    ts: TrainState, flag: _StopFlag, meter: _Meter, callbacks: list[StepCallback], m: dict
+) -> str | None:
+    """Why to stop after this step (the same answer on every rank), or None."""
+    limit = ts.cfg.train.max_wall_s
+    asked = [bool(cb(ts, m)) for cb in callbacks]  # every callback sees every step
+    local = flag.signal is not None or (limit > 0 and meter.elapsed() > limit) or any(asked)
+    if not any_rank(local, ts.dist, ts.device):
+        return None
+    if any_rank(flag.signal is not None, ts.dist, ts.device):
+        return "signal"
+    return "callback" if any(asked) else "max_wall_s"
 
-            tb = SummaryWriter(str(out / "tb"))
-        except ImportError:
-            raise LoopLMError(
-                "train.tensorboard=true needs `pip install looplm[tensorboard]`"
-            ) from None
-    stop = _StopFlag()
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    show = (
-        progress
-        if progress is not None
-        else (sys.stderr.isatty() and os.environ.get("LOOPLM_NO_PROGRESS") != "1")
-    )
-    from tqdm.auto import tqdm
 
-    bar = tqdm(
-        total=cfg.train.steps,
-        initial=ts.step,
-        disable=not show or not ts.dist.is_main,
-        desc=f"train {cfg.model.recurrence}",
-        dynamic_ncols=True,
-    )
-    peak = cfg.train.peak_tflops * 1e12 * ts.dist.world_size if ts.device.type == "cuda" else 0.0
+def _fit(
+    ts: TrainState,
+    cfg: RunConfig,
+    progress: bool | None,
+    quiet: bool,
+    callbacks: list[StepCallback],
+) -> dict[str, Any]:
+    log = _RunLog(ts, cfg, progress)
+    flag = _StopFlag()
+    old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
+    meter = _Meter(ts, cfg)
+    tc = cfg.train
     last: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    tokens_since, flops_since, t_since = 0, 0.0, t0
     try:
-        while ts.step < cfg.train.steps:
+        while ts.step < tc.steps:
             m = train_step(ts)
-            tokens_since += m["tokens"]
-            flops_since += m["train_flops"]
-            bar.update(1)
-            bar.set_postfix(loss=f"{m['loss']:.3f}", T=m["loops"])
-            if ts.step % cfg.train.log_every == 0 or ts.step == cfg.train.steps:
-                now = time.perf_counter()
-                dt = max(now - t_since, 1e-9)
-                m["tok_per_s"] = tokens_since / dt
-                if peak > 0:
-                    m["mfu"] = flops_since / dt / peak
-                key, mb = peak_memory_mb(ts.device)
-                m[key] = mb
-                m["elapsed_s"] = now - t0
-                tokens_since, flops_since, t_since = 0, 0.0, now
-                if cfg.train.eval_every and ts.step % cfg.train.eval_every == 0:
+            meter.add(m)
+            log.step(m)
+            if ts.step % tc.log_every == 0 or ts.step == tc.steps:
+                meter.fill(m)
+                if tc.eval_every and ts.step % tc.eval_every == 0:
                     m.update(evaluate_loss(ts))
-                if metrics_f:
-                    metrics_f.write(json.dumps(m) + "\n")
-                    metrics_f.flush()
-                if tb:
-                    for k, v in m.items():
-                        if isinstance(v, (int, float)) and not isinstance(v, bool):
-                            tb.add_scalar(k, v, ts.step)
+                log.write(m, ts.step)
             last = m
-            if cfg.train.ckpt_every and ts.step % cfg.train.ckpt_every == 0:
+            if tc.ckpt_every and ts.step % tc.ckpt_every == 0:
                 save(ts)
-            if any_rank(stop.signal is not None, ts.dist, ts.device):
-                signum = stop.signal or signal.SIGTERM
+            reason = _stop_reason(ts, flag, meter, callbacks, m)
+            if reason is not None:
                 save(ts)
+                last["stopped"] = reason
+                if reason == "signal":
+                    last["signal"] = flag.signal or signal.SIGTERM
                 if not quiet and ts.dist.is_main:
-                    print(
-                        f"signal {signum}: checkpoint written at step {ts.step}",
-                        file=sys.stderr,
-                    )
-                raise SystemExit(128 + signum)
+                    why = f"signal {last['signal']}" if reason == "signal" else reason
+                    print(f"{why}: checkpoint written at step {ts.step}", file=sys.stderr)
+                return last
         final = evaluate_loss(ts)
         last.update(final)
-        if metrics_f:
-            metrics_f.write(json.dumps({"step": ts.step, **final}) + "\n")
+        log.write({"step": ts.step, **final}, ts.step)
         save(ts)
     finally:
-        bar.close()
-        if metrics_f:
-            metrics_f.close()
-        if tb:
-            tb.close()
+        log.close()
         for s, h in old.items():
             signal.signal(s, h)
     return last

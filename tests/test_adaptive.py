@@ -325,3 +325,29 @@ def test_flop_proxy_at_integer_depth_matches_looplm_flops():
     half = flops_per_token(preset="22m", recurrence="scse", mean_depth=8.5, seq_len=128)
     per = looplm.flops("22m", "scse", 1, 128)["body"]
     assert half["flops_per_token_body"] == pytest.approx(8.5 * per)
+
+
+# ---------------------------------------------------------------- chunked readouts
+def test_readout_statistics_are_chunked_and_exact(monkeypatch):
+    """Adaptive evaluation and the diagnostics read out in chunks of rows (no (N, V) table): with
+    five rows a chunk the halting depths, NLL and successive KL equal the one-chunk results."""
+    import looplm.model.loss as loss
+    from looplm.diagnostics.convergence import successive_kl
+    from looplm.evaluate.common import nll_rows
+
+    model = tiny("scse", seed=7)
+    x, y = batches(8, bs=8)[0]
+    h_ref, d_ref = per_token_halting(model, x, KLHalt(1e-4), 12)
+    nll_ref, hit_ref = nll_rows(model, h_ref, y)
+    states = model(x, loops=3, return_states=True).states
+    kl_ref = successive_kl(model.readout, states)
+    monkeypatch.setattr(loss, "CHUNK_ELEMENTS", 5 * 257)  # 5 rows a chunk at |V| = 257
+    h, d = per_token_halting(model, x, KLHalt(1e-4), 12)
+    assert torch.equal(d, d_ref) and 1 < d.float().mean() < 12
+    torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
+    nll, hit = nll_rows(model, h_ref, y)
+    torch.testing.assert_close(nll, nll_ref)
+    assert torch.equal(hit, hit_ref)
+    manual = torch.nn.functional.cross_entropy(model.readout(h_ref).flatten(0, 1), y.flatten())
+    assert float(nll.mean()) == pytest.approx(float(manual), rel=1e-6)
+    torch.testing.assert_close(successive_kl(model.readout, states), kl_ref)

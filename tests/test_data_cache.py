@@ -263,6 +263,8 @@ def test_cli_prepare_all_splits_and_info(wt2_cache, data_cli, capsys):
 
 
 def test_cli_prepare_split_with_data_dir(tmp_path, data_cli, capsys):
+    require_data("lambada")  # skip with a reason on a clone without the shared data folder
+    require_data("wikitext-2")
     out = tmp_path / "c"
     args = [
         "data",

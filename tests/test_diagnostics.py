@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from looplm import build_model
+from looplm.config import UNSHARED
 from looplm.diagnostics import (
     AnchorMap,
     anchor_response,
@@ -70,7 +71,7 @@ def test_scse_forcing_bias_and_raw_bias_exactly_zero():
 
 def test_zero_forcing_flag_holds_for_every_registered_recurrence():
     """Recurrences declaring ``zero_forcing_bias`` have b_t = 0 exactly in their anchor coordinates."""
-    names = [n for n in recurrence_names() if n != "unshared"]
+    names = [n for n in recurrence_names() if n != UNSHARED]
     flagged = [n for n in names if get_recurrence_class(n).zero_forcing_bias]
     assert "scse" in flagged
     ids = _ids(2, 6)
@@ -256,7 +257,7 @@ def test_diagnostics_run_for_every_registered_recurrence():
     batches = [(ids, torch.full_like(ids, -100))]
     opts = DiagnoseOptions(loops=2, n_dirs=1, steer_inputs=1, check_steps=0)
     for name in recurrence_names():
-        if name == "unshared":
+        if name == UNSHARED:
             continue
         model = _model(name, d_model=32, n_heads=2, d_ff=64)
         res, _ = diagnose_model(model, batches, opts, progress=False)

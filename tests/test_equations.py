@@ -15,11 +15,12 @@ import pytest
 import torch
 
 import looplm
+from looplm.config import UNSHARED
 from looplm.model import build_model
 from looplm.model.recurrences import get_recurrence_class
 
 ATOL = 1e-12
-LOOPED = [n for n in looplm.recurrence_names() if n != "unshared"]
+LOOPED = [n for n in looplm.recurrence_names() if n != UNSHARED]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -176,7 +177,7 @@ def test_forcing_subtraction_equation_22(tau):
     _close(rec.init_state(ctx), rec.anchors.initial(ctx.e) - ctx.anchor)
 
 
-# ----------------------------------------------------------------------------- seed 003
+# ------------------------------------------------ gated loop and hyper-connections (related work)
 
 
 @torch.no_grad()
@@ -225,33 +226,43 @@ def test_hyper_connections_start_as_their_base_recurrence(name, base):
 
 # ----------------------------------------------------------------------------- forcing bias
 
-# Where the method claims b_t(e) = 0 exactly (the mask, G(0) = 0, or the eval-mode subtraction).
+# The built-in methods' claims, pinned: b_t(e) = 0 exactly (the mask, G(0) = 0, or the eval-mode
+# subtraction), and the raw pre-mask b̃_t = 0 too (zero-preserving core or exact subtraction).
+# Every class declares its own (zero_forcing_bias, zero_raw_forcing_bias); test_forcing_bias
+# checks those declarations, so a new method needs no entry here.
 ZERO_BIAS = {
     "scse", "sc_cond", "scse_leak", "sc_cond_subtractive", "forcing_subtraction", "hyper_scse",
 }  # fmt: skip
-# Where the raw pre-mask response b̃_t is zero too (zero-preserving core or exact subtraction).
 ZERO_RAW = {"scse", "hyper_scse", "sc_cond_subtractive", "forcing_subtraction"}
+BUILTIN = [
+    n for n in LOOPED if get_recurrence_class(n).__module__.startswith("looplm.model.recurrences.")
+]
 
 
 def test_zero_bias_claims_match_the_classes():
-    claimed = {n for n in LOOPED if get_recurrence_class(n).zero_forcing_bias}
-    assert claimed == ZERO_BIAS
+    classes = {n: get_recurrence_class(n) for n in BUILTIN}
+    assert {n for n, c in classes.items() if c.zero_forcing_bias} == ZERO_BIAS
+    assert {n for n, c in classes.items() if c.zero_raw_forcing_bias} == ZERO_RAW
+    for name in LOOPED:  # a zero raw map is zero after the mask too
+        cls = get_recurrence_class(name)
+        assert cls.zero_forcing_bias or not cls.zero_raw_forcing_bias, name
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("name", LOOPED)
 def test_forcing_bias(name):
+    cls = get_recurrence_class(name)
     torch.manual_seed(0)
     model = build_model("tiny", name).eval()  # float32, dropout 0.1 switched off by eval()
     ctx = model.prepare(torch.randint(0, 257, (2, 12)))
     for t in (0, 5, 47):
         b = model.step(ctx.anchor, ctx, t) - ctx.anchor
         raw = model.step(ctx.anchor, ctx, t, mask=False) - ctx.anchor
-        if name in ZERO_BIAS:
+        if cls.zero_forcing_bias:
             assert torch.equal(b, torch.zeros_like(b)), f"{name}: b_{t} ≠ 0"
         else:
             assert b.abs().max() > 1e-4, f"{name}: b_{t} should be non-zero"
-        if name in ZERO_RAW:
+        if cls.zero_raw_forcing_bias:
             assert torch.equal(raw, torch.zeros_like(raw)), f"{name}: raw b̃_{t} ≠ 0"
         else:
             assert raw.abs().max() > 1e-4, f"{name}: raw b̃_{t} should be non-zero"

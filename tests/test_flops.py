@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import looplm
+from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
 from looplm.model.recurrences import get_recurrence_class
 
@@ -47,7 +48,7 @@ def test_c_body_doubles_the_body_for_the_subtractive_controls():
     two = {
         n
         for n in looplm.recurrence_names()
-        if n != "unshared" and looplm.flops("22m", n, 8)["c_body"] == 2
+        if n != UNSHARED and looplm.flops("22m", n, 8)["c_body"] == 2
     }
     assert two == {"forcing_subtraction", "sc_cond_subtractive"}
     for name in two:

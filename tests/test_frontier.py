@@ -9,13 +9,13 @@ import torch
 
 import looplm
 from looplm.evaluate.frontier import (
-    climb_shape,
     frontier_accuracy,
     propagation_steps,
     propagation_summary,
 )
 from looplm.results.frontier import (
     accuracy_grid,
+    climb_shape,
     climb_table,
     extrapolation_by_seed,
     paired_accuracy_delta,

@@ -1,4 +1,5 @@
-"""Parameter counts of every method at 22m and 136.5m against closed forms written out here, and
+"""Parameter counts of every method at 22m and 136.5m against closed forms (the shared parts
+written out here, what each recurrence adds declared by its class as ``parameter_formula``), and
 against the figures the paper prints. Models are built on the meta device (no weights).
 
 Paper figures and ours: step_conditioned at 136.5m 139.2M (ours 139,223,553); unshared 4×320 22.7M
@@ -15,45 +16,29 @@ import pytest
 
 import looplm
 from looplm.accounting import parameter_count
-from looplm.config import PRESETS
+from looplm.config import PRESETS, UNSHARED
+from looplm.model.recurrences import get_recurrence_class
+from looplm.model.recurrences.base import build_config
 
 V, C = 50257, 128  # GPT-2 vocabulary, context
-LANES = 4
 
 
 def _block(d: int, ff: int) -> int:
     return 4 * d * d + 3 * d * ff + 2 * d  # qkv + proj, SwiGLU gate/up/down, two RMSNorm gains
 
 
-def _extra(name: str, d: int) -> int:
-    """Parameters a recurrence adds to embedding + block + final norm."""
-    a = 2 * d * d  # anchor_proj + init_delta_proj (learned anchor, H0)
-    return {
-        "scse": a,
-        "looped": 0,
-        "tuned_adapter": a + d * d + 1,  # W_in, α
-        "capacity_matched": a + 1,  # α (W_in = I)
-        "step_conditioned": a + d * d + 1 + d * d,  # + P_step
-        "step_film": a + d * d + 1 + 8 * 2 * d,  # + FiLM table (8 steps × [scale; shift])
-        "norm_reset": d,  # reset gain
-        "sc_cond": a + d * d + 1,  # W_c, κ
-        "sc_cond_nomask": a + d * d + 1,
-        "sc_cond_subtractive": a + d * d + 1,
-        "scse_leak": a + d * d + 1,
-        "forcing_subtraction": a + d * d + 1,  # W_in, α
-        "gated": d + d * d + d,  # λ, W_z, b_z
-        "hyper_looped": LANES + LANES * LANES + LANES,  # read, mix, write
-        "hyper_scse": a + LANES + LANES * LANES + LANES,
-    }[name]
-
-
-def expected(name: str, preset: str) -> int:
+def expected(name: str, preset: str, **settings) -> int:
+    """Embedding + block(s) + final norm written out here, plus the closed form the recurrence
+    class declares for what it adds (``parameter_formula``, at its settings)."""
     p = PRESETS[preset]
     d, ff = p["d_model"], p["d_ff"]
     emb = V * d + C * d
-    if name == "unshared":
+    if name == UNSHARED:
         return emb + p.get("n_layers", 8) * _block(d, ff) + d
-    return emb + _block(d, ff) + d + _extra(name, d)
+    cls = get_recurrence_class(name)
+    extra = cls.parameter_formula(d, build_config(cls, settings))
+    assert extra is not None, f"{name} declares no parameter_formula (its closed form)"
+    return emb + _block(d, ff) + d + extra
 
 
 NAMES = looplm.recurrence_names()
@@ -64,9 +49,27 @@ NAMES = looplm.recurrence_names()
 def test_parameter_count_matches_the_closed_form(name, preset):
     got = parameter_count(preset, name)
     want = expected(name, preset)
-    assert abs(got["total"] - want) <= 1e-3 * want  # 0.1%, as the brief asks …
+    assert abs(got["total"] - want) <= 1e-3 * want  # 0.1%, the specification's tolerance …
     assert got["total"] == want  # … and in fact exactly (a new method needs its closed form)
     assert got["trainable"] == got["total"]
+
+
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("scse", {"anchor": "embedding"}),
+        ("scse", {"anchor": "init"}),
+        ("looped", {"learn_gain": True}),
+        ("capacity_matched", {"w_in": True}),
+        ("step_film", {"step_embedding": "sinusoidal"}),
+        ("step_film", {"n_steps": 5}),
+        ("forcing_subtraction", {"step_tau": 0.015}),
+        ("hyper_scse", {"lanes": 2, "anchor": "embedding"}),
+        ("hyper_looped", {"lanes": 3}),
+    ],
+)
+def test_declared_closed_forms_follow_the_settings(name, settings):
+    assert parameter_count("22m", name, **settings)["total"] == expected(name, "22m", **settings)
 
 
 # ---------------------------------------------------------------------- the paper's figures
@@ -88,7 +91,11 @@ def test_step_conditioned_at_136_5m_matches_the_paper():
     [
         ("22m-unshared-4x320", 22.68, 22.7),  # paper: 4-layer 22.7M Transformer, width 320
         ("22m-unshared-6x288", 22.48, 22.5),  # paper: 6-layer 22.5M Transformer, width 288
-        ("22m-unshared-8x384", 38.23, None),  # Transformer-8 reference (38.23M, from the brief)
+        (
+            "22m-unshared-8x384",
+            38.23,
+            None,
+        ),  # Transformer-8 reference (38.23M, looplm's specification)
         ("22m", 38.23, None),  # `unshared` at 22m is the same Transformer-8 (n_layers = 8)
     ],
 )

@@ -11,7 +11,7 @@ import torch
 
 import looplm
 from looplm.checkpoint import load_checkpoint, save_checkpoint
-from looplm.config import RunConfig
+from looplm.config import UNSHARED, RunConfig
 from looplm.errors import LoopLMError
 from looplm.model import build_model
 
@@ -41,7 +41,7 @@ def _tiny(name: str, seed: int = 0, **kw) -> torch.nn.Module:
 
 def _unused_at_depth(name: str, model: torch.nn.Module, loops: int) -> set[str]:
     """Parameters that legitimately get no gradient at this depth."""
-    if name == "unshared":
+    if name == UNSHARED:
         return {n for n, _ in model.named_parameters() if n.startswith("layers.")} - {
             n
             for n, _ in model.named_parameters()
@@ -62,7 +62,7 @@ def test_every_method_is_listed():
     assert expected <= set(NAMES)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "unshared"])  # unshared: a model
+@pytest.mark.parametrize("name", [n for n in NAMES if n != UNSHARED])  # unshared: a model
 def test_declares_its_equation(name):
     from looplm.model.recurrences import get_recurrence_class
 
@@ -287,7 +287,7 @@ def test_methods_command_rejects_unknown_preset():
         _cli(["methods", "--preset", "7b"])
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "unshared"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n != UNSHARED])
 def test_uses_all_parameters_flag_is_truthful(name):
     """DDP skips its unused-parameter search when a recurrence declares it uses every parameter."""
     from looplm.model.recurrences import get_recurrence_class

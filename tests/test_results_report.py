@@ -12,13 +12,8 @@ import numpy as np
 import pytest
 
 from looplm.errors import LoopLMError
-from looplm.results.report import (
-    Series,
-    _nice_ticks,
-    choose_ppl_shift,
-    plot_depth_response,
-    write_report,
-)
+from looplm.results.figures import Series, _nice_ticks, choose_ppl_shift, plot_depth_response
+from looplm.results.report import write_report
 from looplm.results.store import EvalRecord, ResultsStore
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

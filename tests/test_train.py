@@ -14,25 +14,22 @@ from looplm.config import load_config
 from looplm.errors import LoopLMError
 from looplm.train import fit, get_lr, sample_depth
 
+_CFG_OVERRIDES = [
+    "train.steps=6",
+    "train.batch_size=8",
+    "train.warmup=2",
+    "train.log_every=1",
+    "eval.n_examples=16",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.dropout=0.1",
+    "train.depth_max=3",
+]
+
 
 def _cfg(tmp: Path, *extra: str):
-    return load_config(
-        "tiny_bool",
-        [
-            "train.steps=6",
-            "train.batch_size=8",
-            "train.warmup=2",
-            "train.log_every=1",
-            "eval.n_examples=16",
-            "model.d_model=32",
-            "model.n_heads=2",
-            "model.d_ff=64",
-            "model.dropout=0.1",
-            "train.depth_max=3",
-            f"out_dir={tmp}",
-            *extra,
-        ],
-    )
+    return load_config("tiny_bool", [*_CFG_OVERRIDES, f"out_dir={tmp}", *extra])
 
 
 def _losses(out: Path) -> list[float]:
@@ -43,25 +40,12 @@ def _losses(out: Path) -> list[float]:
 def test_resume_continues_exactly(tmp_path: Path) -> None:
     full = tmp_path / "full"
     fit(_cfg(full), progress=False)
-    # Interrupt after 3 of 6 steps (as a stop would), then resume the same 6-step run.
+    # Interrupt after 3 of 6 steps (a callback asks fit to stop), then resume the same 6-step run.
     part2 = tmp_path / "part2"
     cfg = _cfg(part2)
-    import looplm.train as train_mod
-
-    real_step = train_mod.train_step
-
-    def stop_after_3(ts):
-        if ts.step == 3:
-            train_mod.save(ts)
-            raise KeyboardInterrupt
-        return real_step(ts)
-
-    train_mod.train_step = stop_after_3
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            fit(cfg, progress=False)
-    finally:
-        train_mod.train_step = real_step
+    stopped = fit(cfg, progress=False, callbacks=[lambda ts, m: ts.step == 3])
+    assert stopped["stopped"] == "callback" and stopped["step"] == 3
+    assert "val_loss" not in stopped  # no final validation when stopped early
     fit(cfg, resume=True, progress=False)
     a, _, meta_a = load_checkpoint(full / "ckpt")
     b, _, meta_b = load_checkpoint(part2 / "ckpt")
@@ -69,6 +53,17 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(p, q), n
     assert _losses(full) == _losses(part2)  # resumed log has no repeated steps either
+
+
+def test_max_wall_s_stops_with_a_checkpoint_and_resume_finishes(tmp_path: Path) -> None:
+    stopped = fit(_cfg(tmp_path, "train.max_wall_s=1e-9"), progress=False)
+    assert stopped["stopped"] == "max_wall_s" and stopped["step"] == 1
+    _, _, meta = load_checkpoint(tmp_path / "ckpt")
+    assert meta["state"]["step"] == 1
+    done = fit(_cfg(tmp_path), resume=True, progress=False)
+    assert done["step"] == 6 and "stopped" not in done and "val_loss" in done
+    with pytest.raises(LoopLMError, match=r"train.max_wall_s=-1.0 must be >= 0"):
+        _cfg(tmp_path, "train.max_wall_s=-1")
 
 
 def test_lr_schedule_and_depth_sampling() -> None:
@@ -108,6 +103,45 @@ def test_checkpoint_overwrite_keeps_a_complete_folder(tmp_path: Path) -> None:
     loaded, _, meta = load_checkpoint(tmp_path / "ck")
     assert meta["state"]["step"] == 2
     assert torch.equal(loaded.tok_emb.weight, m2.tok_emb.weight)
+
+
+def test_kill_between_the_checkpoint_renames_loses_nothing(tmp_path: Path) -> None:
+    """A kill after ``ckpt`` → ``.ckpt.old`` and before ``.ckpt.tmp`` → ``ckpt`` leaves no
+    ``ckpt/``; resume (and every reader) finishes the swap and finds the newer checkpoint."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    script = f"""
+import os, signal
+from looplm.checkpoint import save_checkpoint
+from looplm.config import load_config
+from looplm.model import model_from_config
+from looplm.train import make_optimizer
+cfg = load_config("tiny_bool", {_overrides(out)!r})
+model = model_from_config(cfg.model)
+opt = make_optimizer(model, cfg, model.tok_emb.weight.device)
+save_checkpoint({str(out / "ckpt")!r}, model, cfg, optimizer=opt, state={{"step": 1}})
+real = os.replace
+def replace(src, dst):
+    real(src, dst)
+    if str(dst).endswith(".ckpt.old"):  # between the two renames
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+save_checkpoint({str(out / "ckpt")!r}, model, cfg, optimizer=opt, state={{"step": 2}})
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert not (out / "ckpt").exists() and (out / ".ckpt.tmp" / "state.json").exists()
+    from looplm.train import setup
+
+    ts = setup(_cfg(out), resume=True)
+    assert ts.step == 2  # the newer of the two checkpoints
+    assert (out / "ckpt" / "state.json").exists() and not (out / ".ckpt.old").exists()
+
+
+def _overrides(tmp: Path) -> list[str]:
+    return [*_CFG_OVERRIDES, f"out_dir={tmp}"]
 
 
 # First six training losses of the tiny byte-level SCSE on bool_logic with the settings of _cfg

@@ -4,7 +4,7 @@
         --split test --calib-split validation --max-tokens 8192 --store runs/results.sqlite
 
 ``maxtoken``: the paper's per-example max-token hidden-update rule, thresholds calibrated on the
-calibration split to each target mean budget; ``kl``: seed 003's per-token KL halting, one row per
+calibration split to each target mean budget; ``kl``: the per-token convergence study's KL halting, one row per
 threshold; ``router``: the learned linear router, one row per probability threshold. Prints a
 table (PPL, achieved mean depth, FLOP proxy, wall clock) and, with ``--store``, writes one row per
 rule setting (depth = the ceiling, adaptive_mode = the rule setting).
@@ -103,7 +103,7 @@ def format_table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.commands.evaluate import parse_depths
+    from looplm.device import parse_depths
     from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
     from looplm.evaluate.records import adaptive_records, eval_tag
     from looplm.io import atomic_write_json

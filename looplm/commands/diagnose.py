@@ -12,9 +12,7 @@ arrays and figure), ``OUT/summary.json`` and the figures ``r_t.png``, ``anchor_s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
-import json
 import re
 from pathlib import Path
 
@@ -29,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="mechanistic diagnostics: forcing bias, R_t, gain, steering, counterfactual, KL",
         description=(
             "Anchor-response diagnostics of looped checkpoints (paper Table 3, Figures 4-5, "
-            "Lemma 1) and per-token convergence (seed 003). Several checkpoints are compared in "
+            "Lemma 1) and per-token convergence (KL halting study). Several checkpoints are compared in "
             "one set of figures."
         ),
     )
@@ -72,25 +70,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_hash(cfg) -> str:
-    """The results store's ``model_hash`` (model config + training protocol, without the seed).
-
-    Uses ``looplm.evaluate.records.model_hash`` (the evaluation commands' identity) when it is
-    available, so diagnostics rows line up with evaluation rows of the same run.
-    """
-    try:
-        from looplm.evaluate.records import model_hash
-    except ImportError:  # older tree: the same idea, hashed here
-        model_hash = None
-    if model_hash is not None:
-        return model_hash(cfg)
-    d = cfg.to_dict()
-    train = dict(d["train"])
-    train.pop("seed", None)
-    blob = json.dumps({"model": d["model"], "data": d["data"], "train": train}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
 def _labels(entries: list[tuple[str, str, str]]) -> list[str]:
     """Folder-safe labels: the method name, disambiguated by run name where methods repeat."""
     methods = [m for _, m, _ in entries]
@@ -117,17 +96,7 @@ def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def run(args: argparse.Namespace) -> int:
-    import numpy as np
-    import torch
-
-    from looplm.checkpoint import load_checkpoint, read_meta
-    from looplm.config import config_from_dict
-    from looplm.diagnostics.inputs import load_batches
-    from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
-    from looplm.io import atomic_write_bytes, atomic_write_json
-    from looplm.train import resolve_device
-
+def _check_args(args: argparse.Namespace) -> None:
     if args.loops < 1:
         raise LoopLMError(f"--loops {args.loops}: the loop depth T must be an integer >= 1")
     for name in ("batches", "batch_size", "steer_inputs", "check_steps"):
@@ -136,97 +105,99 @@ def run(args: argparse.Namespace) -> int:
             raise LoopLMError(f"--{name.replace('_', '-')} {v} is out of range")
     if args.device not in ("auto", "cpu", "cuda"):
         raise LoopLMError(f"--device {args.device!r}; allowed: auto, cpu, cuda")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise LoopLMError(f"--threads {args.threads} must be >= 1")
-        torch.set_num_threads(args.threads)
-    dev = resolve_device(args.device)
-    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
-    out_dir = Path(args.out)
+    if args.threads is not None and args.threads < 1:
+        raise LoopLMError(f"--threads {args.threads} must be >= 1")
 
-    # Read every config first so a bad checkpoint fails before any long computation.
+
+def _entries(checkpoints: list[str]) -> list[tuple[str, str, str]]:
+    """(checkpoint, method, run name) per checkpoint; every config is read first, so a bad
+    checkpoint fails before any long computation."""
+    from looplm.checkpoint import read_meta
+    from looplm.config import config_from_dict
+
     entries = []
-    for ck in args.checkpoints:
+    for ck in checkpoints:
         cfg = config_from_dict(read_meta(ck)["config"])
-        if cfg.model.recurrence == "unshared":
+        if not cfg.model.is_looped:
             raise LoopLMError(
                 f"checkpoint {ck} is an unshared Transformer; the anchor diagnostics need a "
                 "looped model (a shared block with an anchor)"
             )
         entries.append((ck, cfg.model.recurrence, _run_name(Path(ck), cfg)))
-    labels = _labels(entries)
+    return entries
 
-    result_paths, rows = [], []
-    for (ck, method, _), label in zip(entries, labels):
-        model, cfg, meta = load_checkpoint(ck, map_location=dev)
-        model = model.to(dtype).eval()
-        batches, data_info, pad_id = load_batches(
-            cfg,
-            dataset=args.data,
-            split=args.split,
-            data_dir=args.data_dir,
-            cache_dir=args.cache_dir,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            n_batches=args.batches,
-            seed=cfg.train.seed,
-        )
-        tokenizer, tok_note = None, None
-        try:
-            from looplm.data import get_tokenizer
 
-            tokenizer = get_tokenizer(cfg.model.tokenizer)
-        except LoopLMError as exc:  # token types are then reported as "other"
-            tok_note = str(exc)
-        opts = DiagnoseOptions(
-            loops=args.loops,
-            kl_threshold=args.kl_threshold,
-            ref_depth=cfg.train.depth_max,
-            steer_inputs=min(args.steer_inputs, args.batch_size * args.batches),
-            check_steps=args.check_steps,
-            seed=args.seed,
-        )
-        print(f"diagnosing {ck} ({method}) on {data_info['dataset']}/{data_info['split']} ...")
-        results, arrays = diagnose_model(
-            model, batches, opts, tokenizer=tokenizer, pad_id=pad_id, progress=True
-        )
-        rec = model.recurrence
-        results = {
-            "label": label,
-            "checkpoint": str(ck),
-            "method": method,
-            "equation": getattr(rec, "equation", ""),
-            "reference": getattr(rec, "reference", ""),
-            "preset": cfg.model.preset,
-            "step": meta.get("state", {}).get("step"),
-            "seed": cfg.train.seed,
-            "model_hash": config_hash(cfg),
-            "data": data_info,
-            "tokenizer_note": tok_note,
-            **results,
-        }
-        sub = out_dir / label
-        atomic_write_json(sub / "diagnostics.json", results)
-        if arrays:
-            buf = io.BytesIO()
-            np.savez(buf, **arrays)
-            atomic_write_bytes(sub / "steering.npz", buf.getvalue())
-        result_paths.append(sub / "diagnostics.json")
-        rows.append(results)
-        if args.store:
-            _store(args.store, cfg, results)
+def _diagnose_one(args: argparse.Namespace, ck: str, method: str, label: str, dev, dtype):
+    """Diagnose one checkpoint: (results written to <out>/<label>/, its config, its arrays)."""
+    from looplm.checkpoint import load_checkpoint
+    from looplm.diagnostics.inputs import load_batches
+    from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
+    from looplm.evaluate.records import model_hash
 
-    summary = {
-        r["label"]: {"checkpoint": r["checkpoint"], "method": r["method"], **r["summary"]}
-        for r in rows
+    model, cfg, meta = load_checkpoint(ck, map_location=dev)
+    model = model.to(dtype).eval()
+    batches, data_info, pad_id = load_batches(
+        cfg,
+        dataset=args.data,
+        split=args.split,
+        data_dir=args.data_dir,
+        cache_dir=args.cache_dir,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        n_batches=args.batches,
+        seed=cfg.train.seed,
+    )
+    tokenizer, tok_note = None, None
+    try:
+        from looplm.data import get_tokenizer
+
+        tokenizer = get_tokenizer(cfg.model.tokenizer)
+    except LoopLMError as exc:  # token types are then reported as "other"
+        tok_note = str(exc)
+    opts = DiagnoseOptions(
+        loops=args.loops,
+        kl_threshold=args.kl_threshold,
+        ref_depth=cfg.train.depth_max,
+        steer_inputs=min(args.steer_inputs, args.batch_size * args.batches),
+        check_steps=args.check_steps,
+        seed=args.seed,
+    )
+    print(f"diagnosing {ck} ({method}) on {data_info['dataset']}/{data_info['split']} ...")
+    results, arrays = diagnose_model(
+        model, batches, opts, tokenizer=tokenizer, pad_id=pad_id, progress=True
+    )
+    rec = model.recurrence
+    results = {
+        "label": label,
+        "checkpoint": str(ck),
+        "method": method,
+        "equation": getattr(rec, "equation", ""),
+        "reference": getattr(rec, "reference", ""),
+        "preset": cfg.model.preset,
+        "step": meta.get("state", {}).get("step"),
+        "seed": cfg.train.seed,
+        "model_hash": model_hash(cfg),  # the evaluation rows' identity of the same run
+        "data": data_info,
+        "tokenizer_note": tok_note,
+        **results,
     }
-    atomic_write_json(out_dir / "summary.json", summary)
-    figures = []
-    if not args.no_plots:
-        from looplm.diagnostics.plots import render_figures
+    return results, cfg, arrays
 
-        figures = render_figures(out_dir, result_paths)
 
+def _write(sub: Path, results: dict, arrays: dict) -> Path:
+    import numpy as np
+
+    from looplm.io import atomic_write_bytes, atomic_write_json
+
+    atomic_write_json(sub / "diagnostics.json", results)
+    if arrays:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write_bytes(sub / "steering.npz", buf.getvalue())
+    return sub / "diagnostics.json"
+
+
+def _print_table(rows: list[dict]) -> None:
     head = f"{'label':<16} {'R_0':>8} {'R_last':>8} {'max|b|':>8} {'max|b~|':>8} "
     head += f"{'E_D,last':>9} {'gain_0':>8} {'gain_last':>9} {'E_T':>9} {'lemma1':>8} "
     head += f"{'KL_2':>8} {'med.depth':>9}"
@@ -241,20 +212,46 @@ def run(args: argparse.Namespace) -> int:
             f"{_fmt(s['lemma1_max_rel_error'], '.1e'):>8} {_fmt(s['kl_loop2']):>8} "
             f"{_fmt(s['median_convergence_depth']):>9}"
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from looplm.device import resolve_device
+    from looplm.io import atomic_write_json
+
+    _check_args(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    dev = resolve_device(args.device)
+    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    out_dir = Path(args.out)
+    entries = _entries(args.checkpoints)
+    result_paths, rows = [], []
+    for (ck, method, _), label in zip(entries, _labels(entries)):
+        results, cfg, arrays = _diagnose_one(args, ck, method, label, dev, dtype)
+        result_paths.append(_write(out_dir / label, results, arrays))
+        rows.append(results)
+        if args.store:
+            _store(args.store, cfg, results)
+    summary = {
+        r["label"]: {"checkpoint": r["checkpoint"], "method": r["method"], **r["summary"]}
+        for r in rows
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    figures = []
+    if not args.no_plots:
+        from looplm.diagnostics.plots import render_figures
+
+        figures = render_figures(out_dir, result_paths)
+    _print_table(rows)
     print(f"wrote {out_dir / 'summary.json'}" + (f" and {len(figures)} figures" if figures else ""))
     return 0
 
 
-def _protocol(cfg) -> str:
-    try:
-        from looplm.evaluate.records import protocol_name
-    except ImportError:
-        return f"{cfg.data.dataset}-{cfg.train.steps}"
-    return protocol_name(cfg)
-
-
 def _store(path: str, cfg, results: dict) -> None:
     from looplm.data.corpora import canonical_split
+    from looplm.evaluate.records import protocol_name
     from looplm.results.store import EvalRecord, ResultsStore
 
     s = results["summary"]
@@ -275,7 +272,7 @@ def _store(path: str, cfg, results: dict) -> None:
             EvalRecord(
                 model_hash=results["model_hash"],
                 method=results["method"],
-                protocol=_protocol(cfg),
+                protocol=protocol_name(cfg),
                 dataset=results["data"]["dataset"],
                 split=canonical_split(results["data"]["split"]),
                 depth=results["loops"],

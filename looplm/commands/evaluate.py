@@ -13,32 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from looplm.device import parse_depths
 from looplm.errors import LoopLMError
-
-
-def parse_depths(text: str) -> list[int]:
-    """'4,8,12' → [4, 8, 12]; ranges too: '1-4,8' → [1, 2, 3, 4, 8]. Depths must be >= 1."""
-    depths: list[int] = []
-    try:
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1) if not part.startswith("-") else ("", "")
-                a, b = int(lo), int(hi)
-                if b < a:
-                    raise LoopLMError(f"--depths {text!r}: range {part!r} runs backwards")
-                depths.extend(range(a, b + 1))
-            else:
-                depths.append(int(part))
-    except ValueError:
-        raise LoopLMError(
-            f"--depths {text!r}: expected comma-separated integers or ranges like 1-48"
-        ) from None
-    bad = [d for d in depths if d < 1]
-    if not depths or bad:
-        raise LoopLMError(f"--depths {text!r}: loop depths must be integers >= 1")
-    return depths
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -55,4 +55,6 @@ def run(args: argparse.Namespace) -> int:
         redo=[k.strip() for k in args.redo.split(",") if k.strip()],
     )
     print(json.dumps(summary, indent=2, default=str))
+    if "interrupted" in summary:  # a signal stopped training: the shell's convention
+        return 128 + int(summary["interrupted"])
     return 0

@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     last = fit(cfg, resume=args.resume, progress=False if args.no_progress else None)
+    if last.get("stopped") == "signal":  # the shell's convention for a run ended by a signal
+        return 128 + int(last["signal"])
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
         return 0
     keys = ("step", "loss", "val_loss", "val_accuracy", "val_loops")

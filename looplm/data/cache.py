@@ -25,8 +25,6 @@ import json
 import logging
 import os
 import re
-import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -47,7 +45,7 @@ from looplm.data.corpora import (
 )
 from looplm.data.tokenizers import get_tokenizer
 from looplm.errors import LoopLMError
-from looplm.io import atomic_write_json
+from looplm.io import atomic_open, atomic_write_json
 
 log = logging.getLogger("looplm.data")
 
@@ -90,7 +88,9 @@ def _looplm_version() -> str:
 
 
 def _progress_disabled() -> bool:
-    return os.environ.get("LOOPLM_NO_PROGRESS") == "1" or not sys.stderr.isatty()
+    from looplm.device import progress_enabled
+
+    return not progress_enabled()
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -253,8 +253,6 @@ def _write_tokens(
     eot = int(tok.eot_id)
     hasher = hashlib.sha256()
     n_tokens = n_docs = 0
-    bin_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{bin_path.name}.", suffix=".tmp", dir=bin_path.parent)
 
     def write(encoded: list[list[int]]) -> None:
         nonlocal n_tokens, n_docs
@@ -274,32 +272,24 @@ def _write_tokens(
         bar.update(len(encoded))
         bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
 
-    try:
-        with (
-            os.fdopen(fd, "wb") as f,
-            tqdm(
-                total=resolved.expected_documents,
-                unit="doc",
-                desc=label,
-                disable=_progress_disabled(),
-                dynamic_ncols=True,
-            ) as bar,
-            ThreadPoolExecutor(max_workers=2, thread_name_prefix="looplm-tok") as pool,
-        ):
-            in_flight: deque = deque()
-            for batch in _batches(resolved.documents()):
-                in_flight.append(pool.submit(tok.encode_batch, batch))
-                if len(in_flight) == 2:
-                    write(in_flight.popleft().result())
-            while in_flight:
+    with (
+        atomic_open(bin_path) as f,
+        tqdm(
+            total=resolved.expected_documents,
+            unit="doc",
+            desc=label,
+            disable=_progress_disabled(),
+            dynamic_ncols=True,
+        ) as bar,
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="looplm-tok") as pool,
+    ):
+        in_flight: deque = deque()
+        for batch in _batches(resolved.documents()):
+            in_flight.append(pool.submit(tok.encode_batch, batch))
+            if len(in_flight) == 2:
                 write(in_flight.popleft().result())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, bin_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        while in_flight:
+            write(in_flight.popleft().result())
     return n_tokens, n_docs, hasher.hexdigest()
 
 

@@ -8,7 +8,7 @@
 * :mod:`~looplm.diagnostics.counterfactual` — bias-subtraction trajectories (Eq. 10) and numerical
   checks of Lemma 1, Theorem 2 and Corollary 3;
 * :mod:`~looplm.diagnostics.convergence` — successive-output KL, per-token convergence depth by
-  token type (seed 003, abstract 2);
+  token type (the per-token convergence study);
 * :mod:`~looplm.diagnostics.runner` — all of them over measured batches;
   :mod:`~looplm.diagnostics.plots` — the figures.
 """

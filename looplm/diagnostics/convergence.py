@@ -1,4 +1,5 @@
-"""Per-token convergence of the recurrent state (seed 003, abstract 2).
+"""Per-token convergence of the recurrent state (the per-token convergence study: "what a
+depth-recurrent Transformer computes per token").
 
 * successive-output KL per loop: ``KL_t = KL(p_t ‖ p_{t−1})`` with ``p_t = softmax(readout(h_t))``,
   t = 1 … T (``p_0`` reads out the initial state), averaged over tokens;
@@ -16,7 +17,8 @@ import string
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
+
+from looplm.model.readout import successive_kl_rows
 
 TOKEN_TYPES = ("whitespace", "punctuation", "function", "content", "other")
 DEFAULT_KL_THRESHOLD = 1e-3
@@ -49,17 +51,20 @@ _WHITESPACE_BYTES = frozenset(b" \t\n\r\x0b\x0c")
 
 @torch.no_grad()
 def successive_kl(
-    readout: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor]
+    readout: Callable[[torch.Tensor], torch.Tensor],
+    states: Sequence[torch.Tensor],
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """``KL(p_t ‖ p_{t−1})`` per token for t = 1 … T: (T, B, L) float64 (exactly 0 where
-    ``h_t == h_{t−1}``)."""
-    prev = F.log_softmax(readout(states[0]).double(), dim=-1)  # (B, L, V)
-    out = []
-    for h in states[1:]:
-        cur = F.log_softmax(readout(h).double(), dim=-1)
-        out.append((cur.exp() * (cur - prev)).sum(-1).clamp_min(0.0))  # (B, L)
-        prev = cur
-    return torch.stack(out)
+    ``h_t == h_{t−1}``). The readout goes through the tokens in chunks
+    (:func:`looplm.model.readout.successive_kl_rows`; ``vocab_size`` sizes them, default: one
+    readout of the first token)."""
+    B, L, d = states[0].shape
+    if vocab_size is None:
+        vocab_size = readout(states[0][:1, :1]).shape[-1]
+    rows = [h.reshape(B * L, d) for h in states]
+    kl = successive_kl_rows(readout, rows, vocab_size, dtype=torch.float64)  # (T, B·L)
+    return kl.clamp_min(0.0).view(len(states) - 1, B, L)
 
 
 def relative_state_change(states: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -192,6 +193,72 @@ def bias_subtraction(
     return out
 
 
+@dataclass
+class _Walk:
+    """The two trajectories over the interval and the per-step Lemma 1 quantities."""
+
+    delta: torch.Tensor
+    bar: torch.Tensor
+    acc: torch.Tensor
+    rel: list[float]
+    e_norm: list[float]
+    b_norm: list[float]
+    lower: list[float | None]
+    quad_err: list[float]
+    quad_panels: list[int]
+    segments: list
+
+
+def _walk(
+    tmap: DeltaMap,
+    delta0: torch.Tensor,
+    steps: int,
+    t0: int,
+    n_nodes: int,
+    max_panels: int,
+    rtol: float,
+) -> _Walk:
+    """Step Δ_t and Δ̄_t from ``delta0``; per step the secant integral A_t E_t (Lemma 1), the
+    running Σ Φ b (Theorem 2) and the segments Corollary 3's power iteration needs."""
+    delta = bar = delta0.detach()
+    acc = torch.zeros_like(delta0)  # Σ Φ b via the recursion S_{t+1} = A_t S_t + b_t
+    zero = torch.zeros_like(delta0)
+    rel, e_norm, b_norm, lower, quad_err, quad_panels = [], [], [], [], [], []
+    segments = []  # (t, Δ̄_t, E_t, rule) of the non-trivial steps, for the power iteration
+    tiny = torch.finfo(delta0.dtype).tiny
+    with math_sdpa():
+        for t in range(t0, t0 + steps):
+
+            def fn(x: torch.Tensor, t: int = t) -> torch.Tensor:
+                return tmap(x, t)
+
+            with torch.no_grad():
+                b = fn(zero)
+                delta_next = fn(delta)
+                bar_next = fn(bar) - b
+            e = delta - bar
+            e_next = delta_next - bar_next
+            if e.any():
+                a_e, q_err, rule = adaptive_secant(
+                    fn, bar, e, e, n_nodes=n_nodes, rtol=rtol, max_panels=max_panels
+                )
+            else:  # Δ̄_t = Δ_t: the segment is a point, A_t^sec = J T_t(Δ̄_t), and A·0 = 0
+                a_e, q_err, rule = zero, 0.0, [(0.5, 1.0)]
+            quad_err.append(q_err)
+            quad_panels.append(len(rule) // (2 * n_nodes) if e.any() else 0)
+            rel.append(float((e_next - a_e - b).norm() / e_next.norm().clamp_min(tiny)))
+            # A_t^sec is linear: a zero tangent needs no JVPs (SCSE's E ≡ 0)
+            acc = (secant_apply(fn, bar, e, acc, quadrature=rule) if acc.any() else zero) + b
+            e_n = float(e.norm())
+            lower.append(float(a_e.norm()) / e_n if e_n > 0 else None)
+            if segments or float(b.abs().max()) > 0 or e_n > 0:
+                segments.append((t, bar, e, rule))
+            e_norm.append(float(e_next.norm()))
+            b_norm.append(float(b.norm()))
+            delta, bar = delta_next.detach(), bar_next.detach()
+    return _Walk(delta, bar, acc, rel, e_norm, b_norm, lower, quad_err, quad_panels, segments)
+
+
 def counterfactual_check(
     tmap: DeltaMap,
     delta0: torch.Tensor,
@@ -230,42 +297,10 @@ def counterfactual_check(
         E_T_norm, holds}. Norms are Euclidean over the whole vectorized batch (examples do not
         interact, so A^sec is block diagonal and its norm is the largest example's).
     """
-    delta = bar = delta0.detach()
-    acc = torch.zeros_like(delta0)  # Σ Φ b via the recursion S_{t+1} = A_t S_t + b_t
-    zero = torch.zeros_like(delta0)
-    rel, e_norm, b_norm, lower, quad_err, quad_panels = [], [], [], [], [], []
-    segments = []  # (t, Δ̄_t, E_t, rule) of the non-trivial steps, for the power iteration
+    w = _walk(tmap, delta0, steps, t0, n_nodes, max_panels, rtol)
+    delta, bar, acc, rel, e_norm, b_norm = w.delta, w.bar, w.acc, w.rel, w.e_norm, w.b_norm
+    lower, quad_err, quad_panels, segments = w.lower, w.quad_err, w.quad_panels, w.segments
     tiny = torch.finfo(delta0.dtype).tiny
-    with math_sdpa():
-        for t in range(t0, t0 + steps):
-
-            def fn(x: torch.Tensor, t: int = t) -> torch.Tensor:
-                return tmap(x, t)
-
-            with torch.no_grad():
-                b = fn(zero)
-                delta_next = fn(delta)
-                bar_next = fn(bar) - b
-            e = delta - bar
-            e_next = delta_next - bar_next
-            if e.any():
-                a_e, q_err, rule = adaptive_secant(
-                    fn, bar, e, e, n_nodes=n_nodes, rtol=rtol, max_panels=max_panels
-                )
-            else:  # Δ̄_t = Δ_t: the segment is a point, A_t^sec = J T_t(Δ̄_t), and A·0 = 0
-                a_e, q_err, rule = zero, 0.0, [(0.5, 1.0)]
-            quad_err.append(q_err)
-            quad_panels.append(len(rule) // (2 * n_nodes) if e.any() else 0)
-            rel.append(float((e_next - a_e - b).norm() / e_next.norm().clamp_min(tiny)))
-            # A_t^sec is linear: a zero tangent needs no JVPs (SCSE's E ≡ 0)
-            acc = (secant_apply(fn, bar, e, acc, quadrature=rule) if acc.any() else zero) + b
-            e_n = float(e.norm())
-            lower.append(float(a_e.norm()) / e_n if e_n > 0 else None)
-            if segments or float(b.abs().max()) > 0 or e_n > 0:
-                segments.append((t, bar, e, rule))
-            e_norm.append(float(e_next.norm()))
-            b_norm.append(float(b.norm()))
-            delta, bar = delta_next.detach(), bar_next.detach()
     e_T = delta - bar
     e_T_norm = float(e_T.norm())
     out = {
@@ -285,14 +320,32 @@ def counterfactual_check(
         "theorem2_rel_error": float((e_T - acc).norm() / max(e_T_norm, tiny)),
         "trivial": e_T_norm == 0.0 and max(b_norm, default=0.0) == 0.0,
     }
-    if not power_iters:
-        return out
+    if power_iters:
+        out["corollary3"] = _corollary3(
+            tmap, segments, lower, b_norm, e_T_norm, power_iters, generator, out
+        )
+    return out
+
+
+def _corollary3(
+    tmap: DeltaMap,
+    segments: list,
+    lower: list[float | None],
+    b_norm: list[float],
+    e_T_norm: float,
+    power_iters: int,
+    generator: torch.Generator | None,
+    out: dict,
+) -> dict:
+    """Corollary 3's bound ``‖E_T‖ ≤ B (1 − qⁿ) / (1 − q)`` when ``‖A_t^sec‖₂ ≤ q < 1``; the
+    per-step secant norms go into ``out["secant_norm"]`` when they are estimated."""
     big_b, n = max(b_norm, default=0.0), len(segments)
     c3 = {"B": big_b, "n": n, "E_T_norm": e_T_norm}
     known = [v for v in lower if v is not None]
     if not segments:  # b_t = 0 and E_t = 0 throughout: E_T = 0 ≤ 0 = the bound
         c3.update(premise_holds=None, q=None, q_method=None, bound=0.0, holds=e_T_norm == 0.0)
-    elif known and max(known) >= 1.0:
+        return c3
+    if known and max(known) >= 1.0:
         c3.update(
             premise_holds=False,
             q=max(known),
@@ -300,35 +353,34 @@ def counterfactual_check(
             bound=None,
             holds=None,
         )
-    else:
-        q_t = []
-        with math_sdpa(), torch.enable_grad():
-            for t, start, seg, rule in segments:
-                q_t.append(
-                    secant_opnorm(
-                        lambda x, t=t: tmap(x, t),
-                        start,
-                        seg,
-                        quadrature=rule,
-                        iters=power_iters,
-                        generator=generator,
-                        stop_above=1.0,
-                    )
+        return c3
+    q_t = []
+    with math_sdpa(), torch.enable_grad():
+        for t, start, seg, rule in segments:
+            q_t.append(
+                secant_opnorm(
+                    lambda x, t=t: tmap(x, t),
+                    start,
+                    seg,
+                    quadrature=rule,
+                    iters=power_iters,
+                    generator=generator,
+                    stop_above=1.0,
                 )
-                if q_t[-1] >= 1.0:  # the premise fails; the remaining norms are not needed
-                    break
-        q = max(q_t)
-        premise = q < 1.0
-        bound = big_b * (1 - q**n) / (1 - q) if premise else None
-        out["secant_norm"] = q_t
-        c3.update(
-            premise_holds=premise,
-            q=q,
-            q_method=f"power iteration ({power_iters} steps)"
-            if premise
-            else "power iteration, stopped at a lower bound >= 1",
-            bound=bound,
-            holds=(e_T_norm <= bound * (1 + 1e-9)) if premise else None,
-        )
-    out["corollary3"] = c3
-    return out
+            )
+            if q_t[-1] >= 1.0:  # the premise fails; the remaining norms are not needed
+                break
+    q = max(q_t)
+    premise = q < 1.0
+    bound = big_b * (1 - q**n) / (1 - q) if premise else None
+    out["secant_norm"] = q_t
+    c3.update(
+        premise_holds=premise,
+        q=q,
+        q_method=f"power iteration ({power_iters} steps)"
+        if premise
+        else "power iteration, stopped at a lower bound >= 1",
+        bound=bound,
+        holds=(e_T_norm <= bound * (1 + 1e-9)) if premise else None,
+    )
+    return c3

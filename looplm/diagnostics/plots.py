@@ -17,40 +17,16 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.lines
+import matplotlib.patches
+import matplotlib.ticker
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.lines  # noqa: E402
-import matplotlib.patches  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
-
-from looplm.io import atomic_write_bytes  # noqa: E402
-
-METHOD_COLORS = {
-    "scse": "#2ca02c",
-    "looped": "#d62728",
-    "tuned_adapter": "#1f77b4",
-    "capacity_matched": "#9467bd",
-    "step_conditioned": "#ff7f0e",
-    "step_film": "#8c564b",
-}
-_CYCLE = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-
-
-def method_color(method: str, i: int) -> str:
-    """A stable colour per method name (falls back to the default cycle)."""
-    return METHOD_COLORS.get(method, _CYCLE[i % len(_CYCLE)])
+from looplm.results.plotting import CYCLE, method_color, new_figure, save_png
 
 
 def _save(fig, path: str | os.PathLike) -> None:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_png(fig, path, dpi=130, tight=True)
 
 
 def load_result(path: str | os.PathLike) -> dict:
@@ -67,7 +43,7 @@ def plot_rt_bars(results: Sequence[dict], path: str | os.PathLike) -> None:
     labels = [r["label"] for r in results]
     last = [_val(r["summary"]["R_last"]) for r in results]
     first = [_val(r["summary"]["R_t0"]) for r in results]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(results) + 2), 3.6))
+    fig, ax = new_figure((max(4.0, 1.3 * len(results) + 2), 3.6), layout=None)
     x = np.arange(len(results))
     colors = [method_color(r["method"], i) for i, r in enumerate(results)]
     ax.bar(x, np.nan_to_num(last), color=colors, width=0.6)
@@ -104,16 +80,9 @@ def _pca(points: np.ndarray) -> np.ndarray:
     return basis
 
 
-def plot_steering(arrays: dict[str, np.ndarray], result: dict, path: str | os.PathLike) -> None:
-    """Figure 4 style: (a) anchor-start trajectories vs forcing rays, (b) dose-response."""
-    st = result["steering"]
-    traj = arrays["traj"].astype(np.float64)  # (B, T+1, d) sequence means of Δ_t
-    ray = arrays["ray"].astype(np.float64)  # (B, d)
+def _rollout_panel(ax, st: dict, traj: np.ndarray, ray: np.ndarray, colors: list[str]) -> None:
+    """(a) anchor-start trajectories against the forcing rays, in a shared PCA plane."""
     B, T1, _ = traj.shape
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
-    colors = [_CYCLE[i % len(_CYCLE)] for i in range(B)]
-
-    ax = axes[0]
     if st["stays_at_anchor"]:
         ax.scatter([0], [0], marker="*", s=150, color="k", zorder=3, label="anchor h* (Δ = 0)")
         ax.text(
@@ -147,7 +116,7 @@ def plot_steering(arrays: dict[str, np.ndarray], result: dict, path: str | os.Pa
             ax.plot([0, r[0]], [0, r[1]], "--", color=colors[i], lw=1, alpha=0.7)
         ref = st["ref_depth"]
         radius = float(np.mean(np.linalg.norm(traj[:, ref], axis=-1)))
-        circ = plt.Circle((0, 0), radius, fill=False, ls=":", color="0.3")
+        circ = matplotlib.patches.Circle((0, 0), radius, fill=False, ls=":", color="0.3")
         ax.add_patch(circ)
         ax.scatter([0], [0], marker="*", s=150, color="k", zorder=4, label="anchor h* (Δ = 0)")
         ax.plot([], [], "-", color="0.3", label="trajectory Δ_t (sequence mean)")
@@ -167,7 +136,10 @@ def plot_steering(arrays: dict[str, np.ndarray], result: dict, path: str | os.Pa
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     ax.set_title(f"(a) anchor-start rollouts, Δ_0 = 0, t = 0…{T1 - 1}", fontsize=10)
 
-    ax = axes[1]
+
+def _dose_panel(ax, st: dict, arrays: dict[str, np.ndarray], colors: list[str]) -> None:
+    """(b) the injection-gain dose-response relative to the injection-removed rollout."""
+    B = len(colors)
     dose = st["dose"]
     gains = sorted(float(k[len("dose_") :]) for k in arrays if k.startswith("dose_"))
     if not dose["source_channel"]:
@@ -215,13 +187,25 @@ def plot_steering(arrays: dict[str, np.ndarray], result: dict, path: str | os.Pa
         ax.set_ylabel("PC 2")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
     ax.set_title("(b) dose-response: D_g,t = Δ_t(gain g) − Δ_t(gain 0)", fontsize=10)
+
+
+def plot_steering(arrays: dict[str, np.ndarray], result: dict, path: str | os.PathLike) -> None:
+    """Figure 4 style: (a) anchor-start trajectories vs forcing rays, (b) dose-response."""
+    st = result["steering"]
+    traj = arrays["traj"].astype(np.float64)  # (B, T+1, d) sequence means of Δ_t
+    ray = arrays["ray"].astype(np.float64)  # (B, d)
+    B = traj.shape[0]
+    fig, axes = new_figure((11, 5.6), ncols=2, layout=None)
+    colors = [CYCLE[i % len(CYCLE)] for i in range(B)]
+    _rollout_panel(axes[0], st, traj, ray, colors)
+    _dose_panel(axes[1], st, arrays, colors)
     fig.suptitle(f"{result['label']}: anchor-start steering ({B} inputs)", fontsize=11)
     _save(fig, path)
 
 
 def plot_convergence(results: Sequence[dict], path: str | os.PathLike) -> None:
     """KL per loop, per-token state change and convergence depth by token type."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = new_figure((15, 4.2), ncols=3, layout=None)
     for i, r in enumerate(results):
         c = r["convergence"]
         t = np.arange(1, len(c["kl_per_loop"]) + 1)
@@ -279,7 +263,7 @@ def plot_convergence(results: Sequence[dict], path: str | os.PathLike) -> None:
 
 def plot_anchor_steps(results: Sequence[dict], path: str | os.PathLike) -> None:
     """Per-step R_t, E_Δ,t, random-direction gain and the counterfactual N⁻¹‖E_t‖²."""
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig, axes = new_figure((11, 7.5), nrows=2, ncols=2, layout=None)
     panels = [
         ("ratio", "(a) R_t  (Eq. 9)", "R_t", False),
         ("anchor_energy", "(b) anchor energy E_Δ,t = N⁻¹‖Δ_t‖²", "E_Δ,t", True),

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from looplm.diagnostics.anchor import AnchorMap, anchor_response, mean_square
 from looplm.diagnostics.convergence import (
@@ -34,6 +33,7 @@ from looplm.diagnostics.counterfactual import bias_subtraction, counterfactual_c
 from looplm.diagnostics.gain import EPS_FD, N_DIRECTIONS
 from looplm.diagnostics.steering import DOSE_GAINS, anchor_start_steering
 from looplm.errors import LoopLMError
+from looplm.model.readout import readout_nll
 
 
 @dataclass
@@ -84,15 +84,11 @@ def _mean_lists(rows: Sequence[Sequence[float]]) -> list[float]:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    import os
-    import sys
-
     from tqdm.auto import tqdm
 
-    disable = (
-        (not enabled) or os.environ.get("LOOPLM_NO_PROGRESS") == "1" or not sys.stderr.isatty()
-    )
-    return tqdm(total=total, desc=desc, disable=disable, leave=False)
+    from looplm.device import progress_enabled
+
+    return tqdm(total=total, desc=desc, disable=not (enabled and progress_enabled()), leave=False)
 
 
 @torch.no_grad()
@@ -100,8 +96,9 @@ def _nll_sum(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]
     valid = targets != -100
     if not bool(valid.any()):
         return 0.0, 0
-    logits = model.readout(h[valid]).double()  # (N, V)
-    return float(F.cross_entropy(logits, targets[valid], reduction="sum")), int(valid.sum())
+    V = model.config.vocab_size
+    nll, _ = readout_nll(model.readout, h[valid], targets[valid], V, dtype=torch.float64)
+    return float(nll.sum()), int(valid.sum())
 
 
 def _check_slice(model, ids: torch.Tensor, opts: DiagnoseOptions) -> dict:
@@ -128,6 +125,130 @@ def _check_slice(model, ids: torch.Tensor, opts: DiagnoseOptions) -> dict:
     return res
 
 
+class _Measured:
+    """What the per-batch passes accumulate."""
+
+    def __init__(self, T: int) -> None:
+        self.per_batch: dict[str, list] = {}
+        self.kl_sum = torch.zeros(T, dtype=torch.float64)
+        self.chg_sum = torch.zeros(T, dtype=torch.float64)
+        self.n_tok = 0
+        self.depths: list[torch.Tensor] = []
+        self.types: list[torch.Tensor] = []
+        self.valid: list[torch.Tensor] = []
+        self.kl_ref: list[torch.Tensor] = []
+        self.nll = self.nll_bar = 0.0
+        self.n_scored = 0
+
+    def add_batch(self, model, x, y, opts: DiagnoseOptions, gen, tokenizer, pad_id) -> None:
+        """The unroll to T, the anchor response and gain, the counterfactual, convergence."""
+        T = opts.loops
+        out = model(x, loops=T, return_states=True)
+        ctx, states = out.context, out.states
+        res = anchor_response(
+            model, ctx, states, n_dirs=opts.n_dirs, eps_fd=opts.eps_fd, generator=gen,
+            keep_bias=True,
+        )  # fmt: skip
+        biases = res.pop("bias")
+        for k, v in res.items():
+            self.per_batch.setdefault(k, []).append(v)
+        # bias-subtraction counterfactual (Eq. 10) with the model's own map
+        cf = bias_subtraction(
+            AnchorMap(model, ctx, mask=True), states[0] - ctx.anchor, T, biases=biases
+        )
+        del biases
+        self.per_batch.setdefault("E_energy", []).append(cf["E_energy"])
+        s, n = _nll_sum(model, ctx.anchor + cf["delta_T"], y)
+        s_bar, _ = _nll_sum(model, ctx.anchor + cf["delta_bar_T"], y)
+        self.nll, self.nll_bar, self.n_scored = (
+            self.nll + s,
+            self.nll_bar + s_bar,
+            self.n_scored + n,
+        )
+        # convergence
+        kl = successive_kl(model.readout, states, model.config.vocab_size).cpu()  # (T, B, L)
+        chg = relative_state_change(states).cpu()
+        valid = torch.ones(x.shape, dtype=torch.bool) if pad_id is None else (x != pad_id).cpu()
+        self.kl_sum += (kl * valid).sum(dim=(1, 2))
+        self.chg_sum += (chg * valid).sum(dim=(1, 2))
+        self.n_tok += int(valid.sum())
+        self.depths.append(convergence_depth(kl, opts.kl_threshold))
+        self.kl_ref.append(kl[min(opts.ref_depth, T) - 1])
+        self.valid.append(valid)
+        if tokenizer is not None:
+            self.types.append(token_types(x.cpu(), tokenizer))
+        else:
+            self.types.append(torch.full(x.shape, TOKEN_TYPES.index("other"), dtype=torch.long))
+
+    def step_means(self) -> dict[str, list[float]]:
+        """Per-step values averaged over batches (the gain's std pooled within and between)."""
+        mean = {k: _mean_lists(v) for k, v in self.per_batch.items() if k != "gain_std"}
+        g_means = np.asarray(self.per_batch["gain"])  # (n_batches, T)
+        g_std = np.asarray(self.per_batch["gain_std"])
+        mean["gain_std"] = np.sqrt((g_std**2).mean(0) + g_means.var(0)).tolist()
+        return mean
+
+    def convergence(self, opts: DiagnoseOptions, tokenizer) -> dict:
+        T = opts.loops
+        depth = torch.cat([d.flatten() for d in self.depths])
+        types = torch.cat([t.flatten() for t in self.types])
+        valid = torch.cat([v.flatten() for v in self.valid])
+        kl_ref = torch.cat([k.flatten() for k in self.kl_ref])[valid]
+        d_valid = depth[valid].double()
+        some = d_valid.numel() > 0
+        return {
+            "threshold": opts.kl_threshold,
+            "kl_per_loop": (self.kl_sum / max(self.n_tok, 1)).tolist(),  # t = 1 … T
+            "state_change_per_loop": (self.chg_sum / max(self.n_tok, 1)).tolist(),
+            "n_tokens": self.n_tok,
+            "mean_depth": float(d_valid.mean()) if some else None,
+            "median_depth": float(d_valid.median()) if some else None,
+            "not_converged_frac": float((d_valid > T).double().mean()) if some else None,
+            "ref_depth": min(opts.ref_depth, T),
+            "still_updating_frac_at_ref_depth": float((kl_ref >= opts.kl_threshold).double().mean())
+            if kl_ref.numel()
+            else None,
+            "depth_by_type": depth_by_type(depth, types, T, valid),
+            "token_types_from": getattr(tokenizer, "name", None),
+        }
+
+    def summary(self, mean: dict, convergence: dict, check: dict | None, T: int) -> dict:
+        last = T - 1
+        n = self.n_scored
+        return {
+            "bias_energy_t0": mean["bias_energy"][0],
+            "bias_energy_last": mean["bias_energy"][last],
+            "bias_max_abs": max(max(r) for r in self.per_batch["bias_max_abs"]),
+            "raw_bias_max_abs": max(max(r) for r in self.per_batch["raw_bias_max_abs"]),
+            "R_t0": mean["ratio"][0],
+            "R_last": mean["ratio"][last],
+            "anchor_energy_last": mean["anchor_energy"][last],  # E_Δ,T−1 (the paper's E_Δ,47)
+            "anchor_energy_T": mean["anchor_energy"][T],
+            "gain_t0": mean["gain"][0],
+            "gain_last": mean["gain"][last],
+            "E_energy_T": mean["E_energy"][T],
+            "nll_T": self.nll / n if n else None,
+            "nll_T_bias_subtracted": self.nll_bar / n if n else None,
+            "n_scored_tokens": n,
+            "sum_nll_T": self.nll,
+            "kl_loop2": convergence["kl_per_loop"][1] if T >= 2 else None,
+            "kl_last": convergence["kl_per_loop"][last],
+            "median_convergence_depth": convergence["median_depth"],
+            "lemma1_max_rel_error": check["lemma1_max_rel_error"] if check else None,
+            "last_step": last,
+        }
+
+
+def _check_batches(model: torch.nn.Module, batches: Sequence) -> None:
+    if not getattr(model, "is_looped", False):
+        raise LoopLMError("diagnostics need a looped model with a shared block and an anchor")
+    if not batches:
+        raise LoopLMError("no batches to measure (check --batches and the data)")
+    shapes = {tuple(x.shape) for x, _ in batches}
+    if len(shapes) != 1:
+        raise LoopLMError(f"measured batches must share one shape, got {sorted(shapes)}")
+
+
 def diagnose_model(
     model: torch.nn.Module,
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -152,134 +273,31 @@ def diagnose_model(
     """
     opts = opts or DiagnoseOptions()
     opts.validate()
-    if not getattr(model, "is_looped", False):
-        raise LoopLMError("diagnostics need a looped model with a shared block and an anchor")
-    if not batches:
-        raise LoopLMError("no batches to measure (check --batches and the data)")
-    shapes = {tuple(x.shape) for x, _ in batches}
-    if len(shapes) != 1:
-        raise LoopLMError(f"measured batches must share one shape, got {sorted(shapes)}")
+    _check_batches(model, batches)
     model.eval()
     device = next(model.parameters()).device
     T = opts.loops
     gen = torch.Generator().manual_seed(opts.seed)
     t_start = time.time()
-
-    per_batch: dict[str, list] = {}
-    kl_sum = torch.zeros(T, dtype=torch.float64)
-    chg_sum = torch.zeros(T, dtype=torch.float64)
-    n_tok = 0
-    depths, types_all, valid_all, kl_ref_all = [], [], [], []
-    nll = nll_bar = 0.0
-    n_scored = 0
+    acc = _Measured(T)
     bar = _progress(len(batches), "diagnose", progress)
     for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        out = model(x, loops=T, return_states=True)
-        ctx, states = out.context, out.states
-        # pointwise anchor response and gain
-        res = anchor_response(
-            model,
-            ctx,
-            states,
-            n_dirs=opts.n_dirs,
-            eps_fd=opts.eps_fd,
-            generator=gen,
-            keep_bias=True,
-        )
-        biases = res.pop("bias")
-        for k, v in res.items():
-            per_batch.setdefault(k, []).append(v)
-        # bias-subtraction counterfactual (Eq. 10) with the model's own map
-        cf = bias_subtraction(
-            AnchorMap(model, ctx, mask=True), states[0] - ctx.anchor, T, biases=biases
-        )
-        del biases
-        per_batch.setdefault("E_energy", []).append(cf["E_energy"])
-        s, n = _nll_sum(model, ctx.anchor + cf["delta_T"], y)
-        s_bar, _ = _nll_sum(model, ctx.anchor + cf["delta_bar_T"], y)
-        nll, nll_bar, n_scored = nll + s, nll_bar + s_bar, n_scored + n
-        # convergence
-        kl = successive_kl(model.readout, states).cpu()  # (T, B, L)
-        chg = relative_state_change(states).cpu()
-        valid = torch.ones(x.shape, dtype=torch.bool) if pad_id is None else (x != pad_id).cpu()
-        kl_sum += (kl * valid).sum(dim=(1, 2))
-        chg_sum += (chg * valid).sum(dim=(1, 2))
-        n_tok += int(valid.sum())
-        depths.append(convergence_depth(kl, opts.kl_threshold))
-        kl_ref_all.append(kl[min(opts.ref_depth, T) - 1])
-        valid_all.append(valid)
-        if tokenizer is not None:
-            types_all.append(token_types(x.cpu(), tokenizer))
-        else:
-            types_all.append(torch.full(x.shape, TOKEN_TYPES.index("other"), dtype=torch.long))
+        acc.add_batch(model, x.to(device), y.to(device), opts, gen, tokenizer, pad_id)
         bar.update(1)
     bar.close()
-
-    mean = {k: _mean_lists(v) for k, v in per_batch.items() if k != "gain_std"}
-    g_means = np.asarray(per_batch["gain"])  # (n_batches, T)
-    g_std = np.asarray(per_batch["gain_std"])
-    mean["gain_std"] = np.sqrt((g_std**2).mean(0) + g_means.var(0)).tolist()
-
-    depth = torch.cat([d.flatten() for d in depths])
-    types = torch.cat([t.flatten() for t in types_all])
-    valid = torch.cat([v.flatten() for v in valid_all])
-    kl_ref = torch.cat([k.flatten() for k in kl_ref_all])[valid]
-    d_valid = depth[valid].double()
-    convergence = {
-        "threshold": opts.kl_threshold,
-        "kl_per_loop": (kl_sum / max(n_tok, 1)).tolist(),  # t = 1 … T
-        "state_change_per_loop": (chg_sum / max(n_tok, 1)).tolist(),
-        "n_tokens": n_tok,
-        "mean_depth": float(d_valid.mean()) if d_valid.numel() else None,
-        "median_depth": float(d_valid.median()) if d_valid.numel() else None,
-        "not_converged_frac": float((d_valid > T).double().mean()) if d_valid.numel() else None,
-        "ref_depth": min(opts.ref_depth, T),
-        "still_updating_frac_at_ref_depth": float((kl_ref >= opts.kl_threshold).double().mean())
-        if kl_ref.numel()
-        else None,
-        "depth_by_type": depth_by_type(depth, types, T, valid),
-        "token_types_from": getattr(tokenizer, "name", None),
-    }
-
-    # anchor-start steering on the first inputs
+    mean = acc.step_means()
+    convergence = acc.convergence(opts, tokenizer)
     steering, arrays = None, {}
-    if opts.steer_inputs > 0:
+    if opts.steer_inputs > 0:  # anchor-start steering on the first inputs
         x0 = torch.cat([x for x, _ in batches])[: opts.steer_inputs].to(device)
         with torch.no_grad():
             ctx0 = model.prepare(x0)
         steering, arrays = anchor_start_steering(
             model, ctx0, T, gains=opts.dose_gains, ref_depth=opts.ref_depth
         )
-
-    check = None
-    if opts.check_steps > 0:
-        check = _check_slice(model, batches[0][0].to(device), opts)
-
+    check = _check_slice(model, batches[0][0].to(device), opts) if opts.check_steps > 0 else None
+    summary = acc.summary(mean, convergence, check, T)
     B, L = batches[0][0].shape
-    last = T - 1
-    summary = {
-        "bias_energy_t0": mean["bias_energy"][0],
-        "bias_energy_last": mean["bias_energy"][last],
-        "bias_max_abs": max(max(r) for r in per_batch["bias_max_abs"]),
-        "raw_bias_max_abs": max(max(r) for r in per_batch["raw_bias_max_abs"]),
-        "R_t0": mean["ratio"][0],
-        "R_last": mean["ratio"][last],
-        "anchor_energy_last": mean["anchor_energy"][last],  # E_Δ,T−1 (the paper's E_Δ,47)
-        "anchor_energy_T": mean["anchor_energy"][T],
-        "gain_t0": mean["gain"][0],
-        "gain_last": mean["gain"][last],
-        "E_energy_T": mean["E_energy"][T],
-        "nll_T": nll / n_scored if n_scored else None,
-        "nll_T_bias_subtracted": nll_bar / n_scored if n_scored else None,
-        "n_scored_tokens": n_scored,
-        "sum_nll_T": nll,
-        "kl_loop2": convergence["kl_per_loop"][1] if T >= 2 else None,
-        "kl_last": convergence["kl_per_loop"][last],
-        "median_convergence_depth": convergence["median_depth"],
-        "lemma1_max_rel_error": check["lemma1_max_rel_error"] if check else None,
-        "last_step": last,
-    }
     results = {
         "loops": T,
         "batch_shape": [int(B), int(L)],

@@ -74,6 +74,40 @@ def anchor_start_rollout(model: torch.nn.Module, context, loops: int) -> list[to
     return out
 
 
+def _dose_summary(
+    gains: Sequence[float],
+    disp_norm: dict[float, list[torch.Tensor]],
+    disp_T: dict[float, torch.Tensor],
+    delta_T: torch.Tensor,
+    push: torch.Tensor,
+) -> dict[str, object]:
+    """The dose-response numbers: displacement D_g relative to the push ‖Δ_T‖, its alignment
+    with the drift, growth in t and in g, collinearity of the lowest and highest gain."""
+    has_source = any(float(d.abs().max()) > 0 for d in disp_T.values())
+    dose: dict[str, object] = {"source_channel": has_source}
+    lo, hi = min(gains), max(gains)
+    for g in gains:
+        norms = torch.stack(disp_norm[g])  # (T+1, B)
+        grows = (norms[1:] >= norms[:-1] * (1 - 1e-9)).all(dim=0)  # per example
+        ratio = torch.where(push > 0, norms[-1] / push, torch.full_like(push, math.nan))
+        dose[f"gain_{g:g}"] = {
+            "displacement_over_push": _stats(ratio.tolist()),
+            "cos_with_drift": _stats(_cos(disp_T[g], delta_T).tolist()),
+            "grows_monotonically_frac": float(grows.double().mean()) if has_source else None,
+        }
+    if has_source and len(gains) > 1:
+        dose["collinearity_lo_hi"] = _stats(_cos(disp_T[lo], disp_T[hi]).tolist())
+        end = torch.stack([per_example_norm(disp_T[g]).cpu() for g in sorted(gains)])  # (G, B)
+        dose["monotone_in_gain_frac"] = float((end[1:] > end[:-1]).all(dim=0).double().mean())
+        rms = torch.sqrt(
+            torch.stack([per_example_norm(disp_T[g]).cpu() ** 2 for g in gains]).mean(0)
+        )
+        dose["rms_displacement_over_push"] = _stats(
+            torch.where(push > 0, rms / push, torch.full_like(push, math.nan)).tolist()
+        )
+    return dose
+
+
 @torch.no_grad()
 def anchor_start_steering(
     model: torch.nn.Module,
@@ -124,28 +158,7 @@ def anchor_start_steering(
 
     cos_all = torch.stack(cosines)  # (T, B)
     stays = float(max(float(d.max()) for d in dist)) == 0.0
-    has_source = any(float(d.abs().max()) > 0 for d in disp_T.values())
-    dose: dict[str, object] = {"source_channel": has_source}
-    lo, hi = min(gains), max(gains)
-    for g in gains:
-        norms = torch.stack(disp_norm[g])  # (T+1, B)
-        grows = (norms[1:] >= norms[:-1] * (1 - 1e-9)).all(dim=0)  # per example
-        ratio = torch.where(push > 0, norms[-1] / push, torch.full_like(push, math.nan))
-        dose[f"gain_{g:g}"] = {
-            "displacement_over_push": _stats(ratio.tolist()),
-            "cos_with_drift": _stats(_cos(disp_T[g], delta_T).tolist()),
-            "grows_monotonically_frac": float(grows.double().mean()) if has_source else None,
-        }
-    if has_source and len(gains) > 1:
-        dose["collinearity_lo_hi"] = _stats(_cos(disp_T[lo], disp_T[hi]).tolist())
-        end = torch.stack([per_example_norm(disp_T[g]).cpu() for g in sorted(gains)])  # (G, B)
-        dose["monotone_in_gain_frac"] = float((end[1:] > end[:-1]).all(dim=0).double().mean())
-        rms = torch.sqrt(
-            torch.stack([per_example_norm(disp_T[g]).cpu() ** 2 for g in gains]).mean(0)
-        )
-        dose["rms_displacement_over_push"] = _stats(
-            torch.where(push > 0, rms / push, torch.full_like(push, math.nan)).tolist()
-        )
+    dose = _dose_summary(gains, disp_norm, disp_T, delta_T, push)
     dist_t = torch.stack(dist)  # (T+1, B)
     summary = {
         "n_inputs": int(anchor.shape[0]),

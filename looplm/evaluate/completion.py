@@ -164,7 +164,7 @@ def evaluate_lambada_checkpoint(
     from looplm.checkpoint import load_checkpoint
     from looplm.data.corpora import lambada_examples
     from looplm.data.tokenizers import get_tokenizer
-    from looplm.train import resolve_device
+    from looplm.device import resolve_device
 
     dev = resolve_device(device)
     model, cfg, meta = load_checkpoint(path, map_location=dev)

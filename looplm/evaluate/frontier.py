@@ -7,8 +7,8 @@
   query's answer is correct (and stays correct up to the deepest step), next to the query's true
   shortest-path distance from the source: with one hop per loop step a node at distance d cannot be
   known reachable before step d.
-* :func:`climb_shape` — how accuracy climbs with T at one difficulty: the largest one-step gain as
-  a fraction of the whole rise from chance ("abrupt" when one step carries most of it).
+* the climb shape of an accuracy curve lives with the figures, in
+  :func:`looplm.results.frontier.climb_shape` (it reads stored numbers only).
 """
 
 from __future__ import annotations
@@ -150,28 +150,3 @@ def propagation_summary(p: dict[str, np.ndarray]) -> dict[str, Any]:
         }
     out["first_correct_by_distance"] = by
     return out
-
-
-def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: float = 0.5) -> dict:
-    """Shape of accuracy-vs-T at one difficulty: ``rise`` = final − chance; ``max_step_share`` =
-    the largest gain between consecutive evaluated depths over the whole rise from the lowest
-    accuracy; ``abrupt`` when one step carries ≥ 50% of the rise and the curve starts within 5
-    points of chance."""
-    T = np.asarray(depths, dtype=float)
-    a = np.asarray(accuracy, dtype=float)
-    order = np.argsort(T)
-    T, a = T[order], a[order]
-    rise = float(a[-1] - a.min())
-    steps = np.diff(a)
-    share = float(steps.max() / rise) if rise > 1e-9 and steps.size else math.nan
-    at = float(T[1:][steps.argmax()]) if steps.size else math.nan
-    return {
-        "start": float(a[0]),
-        "final": float(a[-1]),
-        "rise": float(a[-1] - chance),
-        "max_step_share": share,
-        "max_step_at": at,
-        "abrupt": bool(
-            math.isfinite(share) and share >= 0.5 and abs(float(a.min()) - chance) <= 0.05
-        ),
-    }

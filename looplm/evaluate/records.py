@@ -43,6 +43,7 @@ _TRAIN_NON_SEMANTIC = (
     "eval_batches",
     "ckpt_every",
     "tensorboard",
+    "max_wall_s",
 )
 _DATA_SEMANTIC = ("dataset", "train_split", "train_difficulty", "task_args")
 
@@ -110,6 +111,9 @@ def flops_config(cfg: RunConfig) -> dict[str, Any]:
         "d_ff": m.d_ff,
         "vocab_size": m.vocab_size,
         "n_layers": m.n_layers,
+        "prelude_layers": m.prelude_layers,
+        "core_layers": m.core_layers,
+        "coda_layers": m.coda_layers,
     }
 
 
@@ -123,28 +127,30 @@ def flops_per_token(
     d_ff: int | None = None,
     vocab_size: int | None = None,
     n_layers: int | None = None,
+    prelude_layers: int = 0,
+    core_layers: int = 1,
+    coda_layers: int = 0,
 ) -> dict[str, float]:
-    """Eq. 20/21 per-token FLOP proxies at a (possibly fractional) mean depth, via
-    ``looplm.flops``: ``n_body · per_body`` with ``n_body = c_body · mean_depth`` (unshared:
-    ``min(mean_depth, N_layers)``). When the run overrides the preset's width, FFN width or
-    vocabulary, the same formula is evaluated with the run's sizes."""
-    from looplm.accounting import flops
+    """Eq. 20/21 per-token FLOP proxies at a (possibly fractional) mean depth
+    (:func:`looplm.accounting.eq20_21`): ``n_body · per_body`` with ``n_body = c_body ·
+    mean_depth`` (unshared: ``min(mean_depth, N_layers)``). Sizes not given are the preset's."""
+    from looplm.accounting import eq20_21
+    from looplm.config import model_config
 
-    ref = flops(preset, recurrence, 1, int(seq_len))
-    d = d_model or ref["d_model"]
-    ff = d_ff or ref["d_ff"]
-    V = vocab_size or ref["vocab_size"]
-    if (d, ff, V) == (ref["d_model"], ref["d_ff"], ref["vocab_size"]):
-        per_body, head = ref["per_body"], ref["head"]
-    else:  # the same Eq. 20/21 terms with the run's sizes
-        per_body = 8 * d * d + 6 * d * ff + 4 * int(seq_len) * d
-        head = 2 * d * V
-    if recurrence == "unshared":
-        n_body = min(float(mean_depth), float(n_layers or mean_depth))
-    else:
-        n_body = ref["c_body"] * float(mean_depth)
-    body = n_body * per_body
-    return {"flops_per_token_body": body, "flops_per_token_body_head": body + head}
+    ref = model_config(preset, recurrence)
+    f = eq20_21(
+        recurrence=recurrence,
+        depth=float(mean_depth),
+        seq_len=int(seq_len),
+        d_model=d_model or ref.d_model,
+        d_ff=d_ff or ref.d_ff,
+        vocab_size=vocab_size or ref.vocab_size,
+        n_layers=float(n_layers or mean_depth),
+        prelude_layers=prelude_layers,
+        core_layers=core_layers,
+        coda_layers=coda_layers,
+    )
+    return {"flops_per_token_body": f["body"], "flops_per_token_body_head": f["body_head"]}
 
 
 def _base(

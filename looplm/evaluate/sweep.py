@@ -80,7 +80,7 @@ def evaluate_checkpoint(
     """Load a checkpoint and sweep ``depths`` on its evaluation data (or another dataset/split)."""
     from looplm.checkpoint import load_checkpoint
     from looplm.data.sources import make_source
-    from looplm.train import resolve_device
+    from looplm.device import resolve_device
 
     dev = resolve_device(device)
     model, cfg, meta = load_checkpoint(path, map_location=dev)

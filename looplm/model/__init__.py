@@ -16,7 +16,7 @@ _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 
 def model_from_config(cfg: ModelConfig) -> LanguageModelBase:
     """Instantiate the model a validated ModelConfig describes."""
-    if cfg.recurrence == "unshared":
+    if not cfg.is_looped:
         if cfg.recurrence_args:
             from looplm.errors import LoopLMError
 
@@ -38,7 +38,7 @@ def build_model(preset: str, recurrence: str = "scse", **overrides: Any) -> Lang
     if rec_kw:
         model_kw["recurrence_args"] = {**model_kw.get("recurrence_args", {}), **rec_kw}
     cfg = model_config(preset, recurrence, **model_kw)
-    if recurrence != "unshared":
+    if cfg.is_looped:
         from looplm.model.recurrences import get_recurrence_class
 
         get_recurrence_class(recurrence)  # clear error for unknown names

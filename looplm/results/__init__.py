@@ -1,4 +1,5 @@
-"""Results layer: store (evaluation identities), aggregation/statistics, scaling fit, report.
+"""Results layer: store (evaluation identities), typed metric fields, aggregation/statistics,
+scaling fit, report and supplement with their figures (one plotting set-up: ``plotting``).
 
 Data flow: evaluation code writes :class:`EvalRecord` rows into a :class:`ResultsStore`; the report
 reads the store file (never live models). Nothing here imports torch or the model code.
@@ -21,6 +22,7 @@ __all__ = [
     "summarize",
     "paired_deltas",
     "write_report",
+    "write_supplement",
     "fit_recurrence_scaling",
 ]
 
@@ -29,6 +31,7 @@ _LAZY = {
     "summarize": "looplm.results.stats",
     "paired_deltas": "looplm.results.stats",
     "write_report": "looplm.results.report",
+    "write_supplement": "looplm.results.supplement",
     "fit_recurrence_scaling": "looplm.results.scaling",
 }
 

@@ -6,8 +6,8 @@ turns them into
 
 * a heat map per method: accuracy (mean over seeds) over thinking steps T × difficulty, with the
   training difficulty range marked;
-* the "climb shape" per method and difficulty (:func:`looplm.evaluate.frontier.climb_shape` on the
-  seed-mean curve): abrupt from chance vs gradual;
+* the "climb shape" per method and difficulty (:func:`climb_shape` on the seed-mean curve):
+  abrupt from chance vs gradual;
 * extrapolation accuracy (difficulties above the training range, at the deepest T) paired by seed
   between two methods (e.g. silent thinking vs per-step supervision), with a t interval.
 """
@@ -64,13 +64,13 @@ def plot_heatmap(
     train_difficulty: tuple[int, int] | None = None,
 ) -> Path | None:
     """One panel per method: accuracy over T (x) × difficulty (y), training range outlined."""
-    from looplm.results.plotting import figure, save
+    from looplm.results.plotting import new_figure, save_png
 
     panels = [(m, *accuracy_grid(records, m)) for m in methods]
     panels = [p for p in panels if p[1] and p[2]]
     if not panels:
         return None
-    plt, fig, axes = figure((3.3 * len(panels) + 0.8, 3.4), ncols=len(panels))
+    fig, axes = new_figure((3.3 * len(panels) + 0.8, 3.4), ncols=len(panels))
     axes = np.atleast_1d(axes)
     im = None
     for ax, (m, diffs, depths, mean, _std, n) in zip(axes, panels):
@@ -87,15 +87,13 @@ def plot_heatmap(
     axes[0].set_ylabel("difficulty")
     fig.colorbar(im, ax=list(axes), shrink=0.9, label="accuracy (chance 0.5)")
     fig.suptitle(title, fontsize=10)
-    return save(plt, fig, path)
+    return save_png(fig, path, dpi=130)
 
 
 def climb_table(
     records: Sequence[EvalRecord], methods: Sequence[str], chance: float = 0.5
 ) -> list[dict[str, Any]]:
     """Climb shape per (method, difficulty) on the seed-mean accuracy curve."""
-    from looplm.evaluate.frontier import climb_shape
-
     out = []
     for m in methods:
         diffs, depths, mean, _std, n = accuracy_grid(records, m)
@@ -149,12 +147,12 @@ def paired_accuracy_delta(a: dict[int, float], b: dict[int, float]) -> dict[str,
 def plot_propagation(summary_points: dict[str, np.ndarray], path: Path, *, title: str) -> Path:
     """First-correct loop step vs true hop distance (reachable queries), with the one-hop-per-step
     line t = d."""
-    from looplm.results.plotting import figure, save
+    from looplm.results.plotting import new_figure, save_png
 
     d, f = summary_points["distance"], summary_points["first_correct"]
     keep = (d > 0) & (f >= 0)
     d, f = d[keep], f[keep]
-    plt, fig, ax = figure((4.6, 3.6))
+    fig, ax = new_figure((4.6, 3.6))
     ks = np.unique(d)
     if ks.size:
         ax.boxplot([f[d == k] for k in ks], positions=ks, widths=0.5, showfliers=False)
@@ -168,4 +166,29 @@ def plot_propagation(summary_points: dict[str, np.ndarray], path: Path, *, title
     ax.set_ylabel("first loop step with the correct answer")
     ax.set_title(title, fontsize=9)
     ax.grid(True, color="0.9", lw=0.6)
-    return save(plt, fig, path)
+    return save_png(fig, path, dpi=130)
+
+
+def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: float = 0.5) -> dict:
+    """Shape of accuracy-vs-T at one difficulty: ``rise`` = final − chance; ``max_step_share`` =
+    the largest gain between consecutive evaluated depths over the whole rise from the lowest
+    accuracy; ``abrupt`` when one step carries ≥ 50% of the rise and the curve starts within 5
+    points of chance."""
+    T = np.asarray(depths, dtype=float)
+    a = np.asarray(accuracy, dtype=float)
+    order = np.argsort(T)
+    T, a = T[order], a[order]
+    rise = float(a[-1] - a.min())
+    steps = np.diff(a)
+    share = float(steps.max() / rise) if rise > 1e-9 and steps.size else math.nan
+    at = float(T[1:][steps.argmax()]) if steps.size else math.nan
+    return {
+        "start": float(a[0]),
+        "final": float(a[-1]),
+        "rise": float(a[-1] - chance),
+        "max_step_share": share,
+        "max_step_at": at,
+        "abrupt": bool(
+            math.isfinite(share) and share >= 0.5 and abs(float(a.min()) - chance) <= 0.05
+        ),
+    }

@@ -1,4 +1,5 @@
-"""The recurrence scaling law of seed 003 (3) and its fit.
+"""The recurrence scaling law of the recurrence-equivalence study ("how much is one recurrence
+worth to a looped transformer") and its fit.
 
     L(r, N_once, N_rec, D) = E + A · (N_once + r^φ · N_rec)^(−α) + B · D^(−β)
 
@@ -6,7 +7,7 @@
 ``N_rec`` the unique parameters inside the looped block(s), ``r`` the recurrence count and ``D``
 the training tokens. The recurrence-equivalence exponent φ says what one extra loop is worth in
 unique parameters: φ = 1 means looping a block r times equals r unique blocks, φ = 0 means no
-capacity gain (seed 003 reports φ = 0.46; truncated backprop 0.38; hyper-connections 0.65).
+capacity gain (that study reports φ = 0.46; truncated backprop 0.38; hyper-connections 0.65).
 
 The fit follows the usual practice for such laws (Hoffmann et al. 2022): parameters ``E, A, B`` are
 optimised as logs, the residual is ``log L_pred − log L_obs`` with ``L_pred`` computed by
@@ -106,6 +107,141 @@ def _log_neff(phi: float, log_r: np.ndarray, log_once: np.ndarray, log_rec: np.n
     return np.logaddexp(log_once, phi * log_r + log_rec)
 
 
+def _validated(
+    arrays: dict[str, Sequence[float]],
+    fixed: dict[str, float],
+    bounds: dict[str, tuple[float, float]] | None,
+    robust: str,
+) -> tuple[list[np.ndarray], dict[str, tuple[float, float]], list[str]]:
+    """The five inputs as arrays, the bounds, the free parameters; LoopLMError for bad input."""
+    r_, once, rec, d_, y = (_as_1d(n, x) for n, x in arrays.items())
+    n = y.size
+    if not (r_.size == once.size == rec.size == d_.size == n):
+        raise LoopLMError(
+            f"scaling fit: inputs differ in length (r {r_.size}, n_once {once.size}, "
+            f"n_rec {rec.size}, D {d_.size}, loss {n})"
+        )
+    unknown = sorted(set(fixed) - set(PARAM_NAMES))
+    if unknown:
+        raise LoopLMError(
+            f"scaling fit: unknown fixed parameter(s) {unknown}; allowed: {PARAM_NAMES}"
+        )
+    bnds = dict(DEFAULT_BOUNDS)
+    for k, v in (bounds or {}).items():
+        if k not in PARAM_NAMES:
+            raise LoopLMError(f"scaling fit: unknown bound {k!r}; allowed: {PARAM_NAMES}")
+        lo, hi = float(v[0]), float(v[1])
+        if not lo < hi or (k in _LOG_PARAMS and lo <= 0):
+            raise LoopLMError(f"scaling fit: bad bounds for {k}: {v}")
+        bnds[k] = (lo, hi)
+    if robust not in ("huber", "linear"):
+        raise LoopLMError(f"scaling fit: unknown robust loss {robust!r}; allowed: huber, linear")
+    free = [p for p in PARAM_NAMES if p not in fixed]
+    _check_design(free, n, r_, once, rec, d_, y)
+    return [r_, once, rec, d_, y], bnds, free
+
+
+def _check_design(free: list[str], n: int, r_, once, rec, d_, y) -> None:
+    if n <= len(free):
+        raise LoopLMError(
+            f"scaling fit: need more points than free parameters ({len(free)}: "
+            f"{', '.join(free)}), got {n} point(s)"
+        )
+    if np.any(r_ < 1) or np.any(once < 0) or np.any(rec <= 0) or np.any(d_ <= 0) or np.any(y <= 0):
+        raise LoopLMError(
+            "scaling fit: need r >= 1, n_once >= 0, n_rec > 0, D > 0 and loss > 0 for every point"
+        )
+    if "phi" in free and np.unique(r_).size < 2:
+        raise LoopLMError(
+            f"scaling fit: phi needs at least 2 distinct recurrence counts r, got {np.unique(r_)}"
+        )
+    if ("B" in free or "beta" in free) and np.unique(d_).size < 2:
+        raise LoopLMError(
+            "scaling fit: all points share one token budget D, so B·D^-beta cannot be separated "
+            "from E; pass fixed={'B': 0.0, 'beta': 1.0} or add runs with other D"
+        )
+    if ("A" in free or "alpha" in free) and len(set(zip(r_, once, rec))) < 3:
+        raise LoopLMError(
+            "scaling fit: need at least 3 distinct (r, n_once, n_rec) model configurations"
+        )
+
+
+def _starts(free: list[str], y: np.ndarray, n_starts: int, seed: int) -> list[np.ndarray]:
+    """Deterministic starts: one data-driven start, then uniform draws inside the bounds
+    (log-scale params drawn in a plausible sub-range)."""
+    rng = np.random.default_rng(seed)
+    plausible = {
+        "E": (math.log(0.3 * y.min()), math.log(0.95 * y.min())),
+        "A": (0.0, 12.0),
+        "alpha": (0.05, 0.8),
+        "B": (0.0, 12.0),
+        "beta": (0.05, 0.8),
+        "phi": (0.1, 1.0),
+    }
+    first = {
+        "E": math.log(0.8 * y.min()),
+        "A": 5.0,
+        "alpha": 0.3,
+        "B": 5.0,
+        "beta": 0.3,
+        "phi": 0.5,
+    }
+    starts = [np.array([first[p] for p in free])]
+    for _ in range(max(0, int(n_starts) - 1)):
+        starts.append(np.array([rng.uniform(*plausible[p]) for p in free]))
+    return starts
+
+
+class _Problem:
+    """The least-squares problem in log space over the free parameters (log-scale ones as logs)."""
+
+    def __init__(self, free, fixed, bnds, r_, once, rec, d_, y, huber_delta: float) -> None:
+        self.free, self.fixed, self.huber_delta = free, fixed, huber_delta
+        self.log_r, self.log_d, self.log_y = np.log(r_), np.log(d_), np.log(y)
+        with np.errstate(divide="ignore"):
+            self.log_once = np.log(once)
+        self.log_rec = np.log(rec)
+        self.lo = np.array([self.to_x(p, bnds[p][0]) for p in free])
+        self.hi = np.array([self.to_x(p, bnds[p][1]) for p in free])
+
+    @staticmethod
+    def to_x(p: str, v: float) -> float:
+        return math.log(v) if p in _LOG_PARAMS else v
+
+    @staticmethod
+    def from_x(p: str, v: float) -> float:
+        return math.exp(v) if p in _LOG_PARAMS else v
+
+    def full_params(self, x: np.ndarray) -> dict[str, float]:
+        full = dict(self.fixed)
+        full.update({p: self.from_x(p, float(v)) for p, v in zip(self.free, x)})
+        return full
+
+    def residuals(self, x: np.ndarray) -> np.ndarray:
+        full = self.full_params(x)
+        neff = _log_neff(full["phi"], self.log_r, self.log_once, self.log_rec)
+        return _log_pred(full, neff, self.log_d) - self.log_y
+
+    def solve(self, x0: np.ndarray, loss_name: str):
+        from scipy.optimize import least_squares
+
+        lo, hi = self.lo, self.hi
+        x0 = np.clip(x0, lo + 1e-9 * (hi - lo), hi - 1e-9 * (hi - lo))
+        try:
+            res = least_squares(
+                self.residuals,
+                x0,
+                bounds=(lo, hi),
+                loss=loss_name,
+                f_scale=self.huber_delta if loss_name == "huber" else 1.0,
+                x_scale="jac",
+                max_nfev=2000,
+            )
+        except (ValueError, FloatingPointError):
+            return None
+        return res if np.all(np.isfinite(res.fun)) else None
+
+
 def fit_recurrence_scaling(
     r: Sequence[float],
     n_once: Sequence[float],
@@ -135,145 +271,30 @@ def fit_recurrence_scaling(
 
     Raises LoopLMError for too few points, degenerate designs (one r, one D) or bad values.
     """
-    from scipy.optimize import least_squares
-
-    r_, once, rec, d_, y = (
-        _as_1d(n, x)
-        for n, x in (("r", r), ("n_once", n_once), ("n_rec", n_rec), ("D", d), ("loss", loss))
-    )
-    n = y.size
-    if not (r_.size == once.size == rec.size == d_.size == n):
-        raise LoopLMError(
-            f"scaling fit: inputs differ in length (r {r_.size}, n_once {once.size}, "
-            f"n_rec {rec.size}, D {d_.size}, loss {n})"
-        )
     fixed = dict(fixed or {})
-    unknown = sorted(set(fixed) - set(PARAM_NAMES))
-    if unknown:
-        raise LoopLMError(
-            f"scaling fit: unknown fixed parameter(s) {unknown}; allowed: {PARAM_NAMES}"
-        )
-    bnds = dict(DEFAULT_BOUNDS)
-    for k, v in (bounds or {}).items():
-        if k not in PARAM_NAMES:
-            raise LoopLMError(f"scaling fit: unknown bound {k!r}; allowed: {PARAM_NAMES}")
-        lo, hi = float(v[0]), float(v[1])
-        if not lo < hi or (k in _LOG_PARAMS and lo <= 0):
-            raise LoopLMError(f"scaling fit: bad bounds for {k}: {v}")
-        bnds[k] = (lo, hi)
-    if robust not in ("huber", "linear"):
-        raise LoopLMError(f"scaling fit: unknown robust loss {robust!r}; allowed: huber, linear")
-    free = [p for p in PARAM_NAMES if p not in fixed]
-    if n <= len(free):
-        raise LoopLMError(
-            f"scaling fit: need more points than free parameters ({len(free)}: "
-            f"{', '.join(free)}), got {n} point(s)"
-        )
-    if np.any(r_ < 1) or np.any(once < 0) or np.any(rec <= 0) or np.any(d_ <= 0) or np.any(y <= 0):
-        raise LoopLMError(
-            "scaling fit: need r >= 1, n_once >= 0, n_rec > 0, D > 0 and loss > 0 for every point"
-        )
-    if "phi" in free and np.unique(r_).size < 2:
-        raise LoopLMError(
-            f"scaling fit: phi needs at least 2 distinct recurrence counts r, got {np.unique(r_)}"
-        )
-    if ("B" in free or "beta" in free) and np.unique(d_).size < 2:
-        raise LoopLMError(
-            "scaling fit: all points share one token budget D, so B·D^-beta cannot be separated "
-            "from E; pass fixed={'B': 0.0, 'beta': 1.0} or add runs with other D"
-        )
-    if ("A" in free or "alpha" in free) and len(set(zip(r_, once, rec))) < 3:
-        raise LoopLMError(
-            "scaling fit: need at least 3 distinct (r, n_once, n_rec) model configurations"
-        )
-
-    log_r, log_d, log_y = np.log(r_), np.log(d_), np.log(y)
-    with np.errstate(divide="ignore"):
-        log_once = np.log(once)
-    log_rec = np.log(rec)
-
-    def to_x(p: str, v: float) -> float:
-        return math.log(v) if p in _LOG_PARAMS else v
-
-    def from_x(p: str, v: float) -> float:
-        return math.exp(v) if p in _LOG_PARAMS else v
-
-    lo = np.array([to_x(p, bnds[p][0]) for p in free])
-    hi = np.array([to_x(p, bnds[p][1]) for p in free])
-
-    def full_params(x: np.ndarray) -> dict[str, float]:
-        full = dict(fixed)
-        full.update({p: from_x(p, float(v)) for p, v in zip(free, x)})
-        return full
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        full = full_params(x)
-        lp = _log_pred(full, _log_neff(full["phi"], log_r, log_once, log_rec), log_d)
-        return lp - log_y
-
-    # Deterministic starts: one data-driven start, then uniform draws inside the bounds
-    # (log-scale params drawn in a plausible sub-range).
-    rng = np.random.default_rng(seed)
-    plausible = {
-        "E": (math.log(0.3 * y.min()), math.log(0.95 * y.min())),
-        "A": (0.0, 12.0),
-        "alpha": (0.05, 0.8),
-        "B": (0.0, 12.0),
-        "beta": (0.05, 0.8),
-        "phi": (0.1, 1.0),
-    }
-    starts = [
-        np.array(
-            [
-                {
-                    "E": math.log(0.8 * y.min()),
-                    "A": 5.0,
-                    "alpha": 0.3,
-                    "B": 5.0,
-                    "beta": 0.3,
-                    "phi": 0.5,
-                }[p]
-                for p in free
-            ]
-        )
-    ]
-    for _ in range(max(0, int(n_starts) - 1)):
-        starts.append(np.array([rng.uniform(*plausible[p]) for p in free]))
-
-    def solve(x0: np.ndarray, loss_name: str):
-        x0 = np.clip(x0, lo + 1e-9 * (hi - lo), hi - 1e-9 * (hi - lo))
-        try:
-            res = least_squares(
-                residuals,
-                x0,
-                bounds=(lo, hi),
-                loss=loss_name,
-                f_scale=huber_delta if loss_name == "huber" else 1.0,
-                x_scale="jac",
-                max_nfev=2000,
-            )
-        except (ValueError, FloatingPointError):
-            return None
-        return res if np.all(np.isfinite(res.fun)) else None
-
+    inputs = {"r": r, "n_once": n_once, "n_rec": n_rec, "D": d, "loss": loss}
+    arrays, bnds, free = _validated(inputs, fixed, bounds, robust)
+    y = arrays[-1]
+    prob = _Problem(free, fixed, bnds, *arrays, huber_delta)
+    starts = _starts(free, y, n_starts, seed)
     # Stage 1: plain least squares from every start (cheap). Stage 2 (huber): refine the few
     # best stage-1 optima under the Huber loss, which is slow to converge from far away.
-    stage1 = [res for res in (solve(x0, "linear") for x0 in starts) if res is not None]
+    stage1 = [res for res in (prob.solve(x0, "linear") for x0 in starts) if res is not None]
     n_conv = sum(bool(res.success) for res in stage1)
     stage1.sort(key=lambda res: res.cost)
     if robust == "huber":
-        candidates = [solve(res.x, "huber") for res in stage1[:4]]
+        candidates = [prob.solve(res.x, "huber") for res in stage1[:4]]
         candidates = [res for res in candidates if res is not None]
     else:
         candidates = stage1[:1]
     best = min(candidates, key=lambda res: res.cost) if candidates else None
     if best is None:
         raise LoopLMError("scaling fit failed from every starting point (check the inputs)")
-    full = full_params(best.x)
-    resid = residuals(best.x)
+    full = prob.full_params(best.x)
+    resid = prob.residuals(best.x)
     return ScalingFit(
         **{p: float(full[p]) for p in PARAM_NAMES},
-        n_points=int(n),
+        n_points=int(y.size),
         rmse_log=float(np.sqrt(np.mean(resid**2))),
         max_abs_log_residual=float(np.max(np.abs(resid))),
         loss=robust,

@@ -1,6 +1,10 @@
-"""Registered recurrences. Importing a module registers its methods."""
+"""Registered recurrences: every module in this folder registers its methods when imported.
 
-from looplm.model.recurrences import adapters, controls, gated, hyper, looped, scse  # noqa: F401
+The folder is scanned (no import list to edit): adding a method is adding one file here, or one
+module outside looplm named by an entry point (group ``looplm.recurrences``) or by
+``$LOOPLM_PLUGINS`` (see :mod:`looplm.plugins`).
+"""
+
 from looplm.model.recurrences.base import (
     LoopContext,
     Recurrence,
@@ -9,6 +13,9 @@ from looplm.model.recurrences.base import (
     recurrence_names,
     register,
 )
+from looplm.plugins import import_submodules
+
+import_submodules(__name__, __path__)
 
 __all__ = [
     "LoopContext",

@@ -64,6 +64,11 @@ class AdapterBase(Recurrence):
     body_calls_per_step = 1
     zero_forcing_bias = False
 
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: AdapterConfig) -> int:
+        w_in = getattr(cfg, "w_in", cls.source_projection)
+        return AnchorInit.n_parameters(d_model) + (d_model * d_model if w_in else 0) + 1  # α
+
     def __init__(self, d_model: int, cfg: AdapterConfig) -> None:
         super().__init__(d_model, cfg)
         self.anchors = AnchorInit(
@@ -162,6 +167,10 @@ class StepConditioned(AdapterBase):
     )
     reference = "Eq. 6; Tables 1, 8, 15, 16"
 
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: StepConditionedConfig) -> int:
+        return super().parameter_formula(d_model, cfg) + d_model * d_model  # P_step
+
     def __init__(self, d_model: int, cfg: StepConditionedConfig) -> None:
         super().__init__(d_model, cfg)
         self.p_step = nn.Linear(d_model, d_model, bias=False)
@@ -223,6 +232,11 @@ class StepFiLM(AdapterBase):
         "h_{t+1} = h_t + s·G(u_t),  s = 0.35, ρ = 1 (reconstruction)"
     )
     reference = "Appendix 'Step-Modulated Adapter Control' (Step-FiLM); equation is the toolkit's"
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: StepFiLMConfig) -> int:
+        rows = cfg.n_steps if cfg.step_embedding == "table" else d_model  # table or d → 2d map
+        return super().parameter_formula(d_model, cfg) + rows * 2 * d_model
 
     def __init__(self, d_model: int, cfg: StepFiLMConfig) -> None:
         super().__init__(d_model, cfg)

@@ -53,6 +53,11 @@ class AnchorInit(nn.Module):
         else:
             self.anchor_proj = None
 
+    @staticmethod
+    def n_parameters(d_model: int, anchor: str = "learned") -> int:
+        """init_delta_proj (d²), plus anchor_proj (d²) for a learned or frozen random anchor."""
+        return d_model * d_model * (2 if anchor in ("learned", "frozen_random") else 1)
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """Called by the model after its generic initialisation (``proj_init``)."""

@@ -9,8 +9,11 @@ projections, gains, step embeddings) and defines, in its own state coordinates:
     to_hidden(state, ctx)      -> h                hidden-state coordinates (for readout, states)
     from_hidden(h, ctx)        -> state
 
-Adding a method = one file with a subclass decorated by ``@register`` (and its import in
-``recurrences/__init__.py``); ``LoopedLM`` never changes.
+Adding a method = one file with a subclass decorated by ``@register``, in this folder (found by
+a package scan) or anywhere else as a plugin (:mod:`looplm.plugins`); ``LoopedLM`` never changes.
+The class also declares what the tests check it against: its equation and paper reference,
+whether its forcing bias is zero by construction (masked and raw), and the closed form of the
+parameters it adds (:meth:`Recurrence.parameter_formula`).
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
+from looplm.plugins import Registry
 
-_REGISTRY: dict[str, type[Recurrence]] = {}
+_REGISTRY: Registry[Recurrence] = Registry("recurrence", "looplm.recurrences")
 
 
 @dataclass
@@ -51,6 +56,7 @@ class Recurrence(nn.Module):
     equation: ClassVar[str] = ""
     reference: ClassVar[str] = ""
     zero_forcing_bias: ClassVar[bool] = False  # b_t(e) = 0 exactly by construction
+    zero_raw_forcing_bias: ClassVar[bool] = False  # the raw pre-mask b̃_t(e) = 0 exactly, too
     # False when some parameter sits out some steps (e.g. a gain used only every k-th loop), so
     # distributed data parallelism must look for unused parameters.
     uses_all_parameters: ClassVar[bool] = True
@@ -62,6 +68,13 @@ class Recurrence(nn.Module):
         # Evaluation-time multiplier on the injected source term (dose-response diagnostic);
         # 1.0 is the trained model. Methods without source injection ignore it.
         self.source_gain = 1.0
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: Any) -> int | None:
+        """Closed form of the parameters this recurrence adds to embedding + block + final norm
+        at width ``d_model`` and settings ``cfg``, written from the equation (not counted from
+        the modules); the parameter-count test checks it. None: not declared."""
+        return None
 
     # -- contract -------------------------------------------------------------------------
     def prepare(self, e: torch.Tensor) -> LoopContext:
@@ -89,23 +102,20 @@ class Recurrence(nn.Module):
 
 def register(cls: type[Recurrence]) -> type[Recurrence]:
     """Class decorator adding a recurrence to the registry under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"recurrence {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return _REGISTRY.register(cls)
 
 
 def recurrence_names() -> list[str]:
     """Registered recurrence names, plus ``unshared`` (the ordinary N-layer Transformer)."""
-    return sorted(_REGISTRY) + ["unshared"]
+    return sorted(_REGISTRY.items()) + [UNSHARED]
 
 
 def get_recurrence_class(name: str) -> type[Recurrence]:
-    if name not in _REGISTRY:
+    """The class registered as ``name`` (LoopLMError naming the allowed ones)."""
+    classes = _REGISTRY.items()
+    if name not in classes:
         raise LoopLMError(f"unknown recurrence {name!r}; allowed: {', '.join(recurrence_names())}")
-    return _REGISTRY[name]
+    return classes[name]
 
 
 def build_config(cls: type[Recurrence], args: dict[str, Any]) -> Any:

@@ -61,6 +61,10 @@ class SourceConditioned(Recurrence):
     use_mask = True
     subtractive = False
 
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: SourceConditionedConfig) -> int:
+        return AnchorInit.n_parameters(d_model) + d_model * d_model + 1  # W_c, κ
+
     def __init__(self, d_model: int, cfg: SourceConditionedConfig) -> None:
         super().__init__(d_model, cfg)
         self.anchors = AnchorInit(d_model, "learned", cfg.anchor_scale, cfg.init_delta_scale)
@@ -143,6 +147,7 @@ class SCCondSubtractive(SourceConditioned):
     equation = "Δ_{t+1} = Δ_t + m_t·s·[G(Δ_t + κ W_c h*) − G(κ W_c h*)],  s = 0.5, κ₀ = 0.15"
     reference = "Table 20 (subtractive SC-Cond control), c_body = 2"
     zero_forcing_bias = True
+    zero_raw_forcing_bias = True  # G(0 + c) − G(c) = 0 exactly
 
 
 @dataclass
@@ -202,6 +207,12 @@ class ForcingSubtraction(Recurrence):
     )
     reference = "Eq. 22; Table 20 (additive forcing subtraction), c_body = 2; b_t = 0 in eval mode"
     zero_forcing_bias = True  # in eval mode (deterministic map); see the docstring
+    zero_raw_forcing_bias = True  # the subtraction is exact without the mask too
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: ForcingSubtractionConfig) -> int:
+        p_step = d_model * d_model if cfg.step_tau > 0 else 0
+        return AnchorInit.n_parameters(d_model) + d_model * d_model + 1 + p_step  # W_in, α
 
     def __init__(self, d_model: int, cfg: ForcingSubtractionConfig) -> None:
         super().__init__(d_model, cfg)
@@ -286,6 +297,10 @@ class NormReset(Recurrence):
         "Appendix 'Stabilization and Capacity Controls', Table 19; equation is the toolkit's"
     )
     zero_forcing_bias = False
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: NormResetConfig) -> int:
+        return d_model  # the reset gain r
 
     def __init__(self, d_model: int, cfg: NormResetConfig) -> None:
         super().__init__(d_model, cfg)

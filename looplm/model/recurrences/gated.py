@@ -45,8 +45,15 @@ class Gated(Recurrence):
         "z_t = σ(W_z rms(h_t + e) + b_z);  h_{t+1} = h_t + (1 − z_t) ⊙ λ ⊙ G(h_t + e),  "
         "λ₀ = 0.1, b_z₀ = 2 (reconstruction)"
     )
-    reference = "seed 003 abstract 1 (LayerScale + identity-biased gate); equation is the toolkit's"
+    reference = (
+        "Depth-recurrent Transformers on compositional tasks (LayerScale + identity-biased "
+        "gate); equation is the toolkit's"
+    )
     zero_forcing_bias = False
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: GatedConfig) -> int:
+        return d_model + d_model * d_model + d_model  # λ, W_z, b_z
 
     def __init__(self, d_model: int, cfg: GatedConfig) -> None:
         super().__init__(d_model, cfg)

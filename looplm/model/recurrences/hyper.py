@@ -43,6 +43,11 @@ class HyperBase(Recurrence):
 
     body_calls_per_step = 1
 
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg) -> int:
+        n = cfg.lanes
+        return n + n * n + n  # read a, mix R, write b
+
     def __init__(self, d_model: int, cfg) -> None:
         super().__init__(d_model, cfg)
         n = cfg.lanes
@@ -88,7 +93,10 @@ class HyperLooped(HyperBase):
         "x_t = Σ_i a_i H_t[i];  H_{t+1}[j] = Σ_i R_ij H_t[i] + b_j·G(x_t + g·e);  H_0[i] = e, "
         "h = mean_i H[i],  n = 4"
     )
-    reference = "seed 003 abstract 3 (hyper-connections); static HC of Zhu et al. on the loop"
+    reference = (
+        "The recurrence-equivalence exponent φ (hyper-connections case study); static HC of "
+        "Zhu et al. on the loop"
+    )
     zero_forcing_bias = False
 
     def init_state(self, ctx: LoopContext) -> torch.Tensor:
@@ -133,8 +141,15 @@ class HyperSCSE(HyperBase):
         "x_t = Σ_i a_i Δ_t[i];  Δ_{t+1}[j] = Σ_i R_ij Δ_t[i] + m_t·b_j·s·G(x_t);  "
         "h = h* + mean_i Δ[i],  s = 0.5, n = 4"
     )
-    reference = "seed 003 abstract 3 (hyper-connections) on SCSE (Eqs. 2–5)"
+    reference = "The recurrence-equivalence exponent φ (hyper-connections) on SCSE (Eqs. 2–5)"
     zero_forcing_bias = True
+    zero_raw_forcing_bias = True
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: HyperSCSEConfig) -> int:
+        return super().parameter_formula(d_model, cfg) + AnchorInit.n_parameters(
+            d_model, cfg.anchor
+        )
 
     def __init__(self, d_model: int, cfg: HyperSCSEConfig) -> None:
         super().__init__(d_model, cfg)

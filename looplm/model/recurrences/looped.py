@@ -58,6 +58,10 @@ class Looped(Recurrence):
         ),
     )
 
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: LoopedConfig) -> int:
+        return 1 if cfg.learn_gain else 0  # α
+
     def __init__(self, d_model: int, cfg: LoopedConfig) -> None:
         super().__init__(d_model, cfg)
         self.alpha = (

@@ -55,6 +55,11 @@ class SCSE(Recurrence):
     equation = "Δ_{t+1} = Δ_t + 1{‖Δ_t‖²_F>ε} · s·G(Δ_t);  h* = e + 0.1·a(e),  h_T = h* + Δ_T"
     reference = "Eqs. 2–5, Listing 1"
     zero_forcing_bias = True
+    zero_raw_forcing_bias = True  # G(0) = 0: the core maps zero deviation to zero
+
+    @classmethod
+    def parameter_formula(cls, d_model: int, cfg: SCSEConfig) -> int:
+        return AnchorInit.n_parameters(d_model, cfg.anchor)  # a(e), H0
 
     def __init__(self, d_model: int, cfg: SCSEConfig) -> None:
         super().__init__(d_model, cfg)

@@ -1,0 +1,360 @@
+"""Per-token halting (rules 2 and 3 of :mod:`looplm.evaluate.adaptive`): the training-free KL
+rule and the learned linear router of the per-token convergence study ("reading per-token
+convergence outperforms learning to predict it").
+
+A halted token's recurrent state is frozen; later, still active tokens keep attending to it.
+:func:`sparse_block_forward` computes the shared block for active query rows only (keys and values
+for every token). The previous readout ``log p_{t−1}`` of every token is the one (N, V) table the
+KL rule must keep; the current readout, the divergence and the decision go through the active
+rows in chunks, so no second table is built.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from looplm.errors import LoopLMError
+from looplm.evaluate.common import (
+    DEFAULT_CEILING,
+    DEFAULT_LABEL_THRESHOLD,
+    Batch,
+    check_ceiling,
+    flops_fields,
+    nll_rows,
+    nll_totals,
+    require_looped,
+    timed_batches,
+    timed_min,
+)
+from looplm.model.block import BlockCall
+from looplm.model.readout import log_probs, readout_kl, row_chunks
+
+
+def sparse_block_forward(
+    block: torch.nn.Module, x: torch.Tensor, active: torch.Tensor
+) -> torch.Tensor:
+    """``G(x)`` computed for the active rows of ``x`` only (0 elsewhere): x (B, L, d), active (B, L)
+    bool. The block's own active-row mode (:class:`~looplm.model.block.Block`): keys and values for
+    every row, queries, attention rows, output projection and SwiGLU for active rows. Eval only."""
+    return block(x, active=active)
+
+
+class KLHalt:
+    """Rule 2's decision: halt when ``KL(p_t ‖ p_{t−1}) < threshold`` (needs the logits)."""
+
+    needs_logits = True
+
+    def __init__(self, threshold: float) -> None:
+        if not threshold >= 0:
+            raise LoopLMError(f"KL threshold {threshold!r} must be >= 0")
+        self.threshold = float(threshold)
+
+    @property
+    def mode(self) -> str:
+        return f"kl:thr={self.threshold:g}"
+
+    def __call__(self, t: int, h: torch.Tensor, logp: torch.Tensor, logp_prev: torch.Tensor):
+        return readout_kl(logp, logp_prev) < self.threshold  # (N,)
+
+
+@dataclass
+class LinearRouter:
+    """Logistic regression on ``rms_norm(h)``: P(converged) = σ(w·rms_norm(h) + b)."""
+
+    weight: torch.Tensor  # (d,)
+    bias: float
+    label_threshold: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def features(h: torch.Tensor) -> torch.Tensor:
+        """(…, d) → (…, d) float32, RMS-normalised (scale-free across methods)."""
+        return F.rms_norm(h.float(), (h.shape[-1],), eps=1e-6)
+
+    def prob(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.weight.to(h.device)
+        return torch.sigmoid(self.features(h) @ w + self.bias)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weight": self.weight.tolist(),
+            "bias": self.bias,
+            "label_threshold": self.label_threshold,
+            "stats": self.stats,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LinearRouter:
+        return cls(
+            torch.tensor(d["weight"]),
+            float(d["bias"]),
+            float(d["label_threshold"]),
+            dict(d.get("stats", {})),
+        )
+
+
+class RouterHalt:
+    """Rule 3's decision: halt when the router's P(converged | h_t) ≥ ``prob``."""
+
+    needs_logits = False
+
+    def __init__(self, router: LinearRouter, prob: float = 0.5) -> None:
+        if not 0.0 < prob <= 1.0:
+            raise LoopLMError(f"router probability threshold {prob!r} must be in (0, 1]")
+        self.router, self.prob = router, float(prob)
+
+    @property
+    def mode(self) -> str:
+        return f"router:p={self.prob:g}"
+
+    def __call__(self, t, h, logp, logp_prev):
+        return self.router.prob(h) >= self.prob
+
+
+class PreviousReadout:
+    """``log p_{t−1}`` of N rows (float32, (N, V)), compared with the next readout chunk by chunk.
+
+    :meth:`advance` reads out new states of some rows, hands each chunk ``(rows, logp,
+    logp_prev)`` to ``fn`` and stores ``logp`` as the rows' new previous readout.
+    """
+
+    def __init__(self, model: torch.nn.Module, h: torch.Tensor) -> None:
+        self.readout, self.vocab = model.readout, model.config.vocab_size
+        self.logp = torch.empty(h.shape[0], self.vocab, dtype=torch.float32, device=h.device)
+        for c in row_chunks(h.shape[0], self.vocab):
+            self.logp[c] = log_probs(self.readout, h[c], torch.float32)
+
+    def advance(
+        self,
+        h: torch.Tensor,
+        fn: Callable[[slice, torch.Tensor, torch.Tensor], torch.Tensor],
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """New states ``h`` (n, d) of ``rows`` (default: all N) → ``fn``'s outputs, concatenated."""
+        out = []
+        for c in row_chunks(h.shape[0], self.vocab):
+            idx = c if rows is None else rows[c]
+            logp = log_probs(self.readout, h[c], torch.float32)  # (n_c, V)
+            out.append(fn(c, logp, self.logp[idx]))
+            self.logp[idx] = logp
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=h.device)
+
+
+def _token_mask_for(state: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """(B, L) token mask → broadcastable over a recurrent state shaped (B, …, L, d)."""
+    B, L = active.shape
+    if state.dim() < 3 or state.shape[0] != B or state.shape[-2] != L:
+        raise LoopLMError(
+            f"per-token halting needs recurrent states shaped (batch, ..., length, width); "
+            f"got {tuple(state.shape)} for a ({B}, {L}) batch"
+        )
+    return active.view(B, *([1] * (state.dim() - 3)), L, 1)
+
+
+@torch.no_grad()
+def per_token_halting(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    decide,
+    ceiling: int = DEFAULT_CEILING,
+    *,
+    skip: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token halting with frozen states: ``(h_final (B, L, d), depth (B, L) int64)``.
+
+    ``decide(t, h_act, logp_act, logp_prev_act) -> (N_active,) bool`` is asked after every loop
+    t < C about the tokens still active (``logp`` are log-softmax outputs, None when
+    ``decide.needs_logits`` is False). A decision that reads the logits must be row-wise: it is
+    asked chunk by chunk of active rows. A halted token keeps its recurrent state for the rest of
+    the unroll (later tokens still attend to it). ``skip`` computes the block for active rows
+    only (:func:`sparse_block_forward`) once some token has halted; results equal the dense path
+    up to floating-point rounding.
+    """
+    require_looped(model)
+    check_ceiling(ceiling)
+    rec = model.recurrence
+    ctx = model.prepare(x)
+    s = rec.init_state(ctx)
+    h = rec.to_hidden(s, ctx)  # (B, L, d)
+    B, L = x.shape
+    active = torch.ones(B, L, dtype=torch.bool, device=x.device)
+    depth = torch.zeros(B, L, dtype=torch.long, device=x.device)
+    prev = (
+        PreviousReadout(model, h.reshape(B * L, -1))
+        if getattr(decide, "needs_logits", True)
+        else None
+    )
+    for t in range(1, ceiling + 1):
+        all_active = bool(active.all())
+        step_block = (
+            model.block if (all_active or not skip) else BlockCall(model.block, active=active)
+        )
+        s_new = rec.step(step_block, s, ctx, t - 1)
+        s = s_new if all_active else torch.where(_token_mask_for(s, active), s_new, s)
+        depth += active
+        h = rec.to_hidden(s, ctx)
+        if t == ceiling:
+            break
+        h_act = h[active]  # (N, d)
+        if prev is None:
+            halt = decide(t, h_act, None, None)  # (N,)
+        else:
+            rows = active.flatten().nonzero().squeeze(1)  # the same row order as h[active]
+            ask = lambda c, lp, lpp, t=t, h=h_act: decide(t, h[c], lp, lpp)  # noqa: E731
+            halt = prev.advance(h_act, ask, rows)
+        if bool(halt.any()):
+            new_active = active.clone()
+            new_active[active] = ~halt
+            active = new_active
+            if not bool(active.any()):
+                break
+    return h, depth
+
+
+@torch.no_grad()
+def evaluate_per_token(
+    model: torch.nn.Module,
+    batches: Iterable[Batch],
+    decide,
+    ceiling: int = DEFAULT_CEILING,
+    *,
+    skip: bool = True,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    flops_cfg: dict[str, Any] | None = None,
+    repeats: int = 1,
+    time_dense: bool = False,
+) -> dict[str, Any]:
+    """Rules 2/3 on ``batches``: NLL, average loops per scored token, depth histogram, wall clock
+    (minimum over ``repeats`` passes). ``time_dense`` also times the dense path (``skip=False``,
+    no work skipped) on the same batches as ``wall_clock_dense_s``, to measure what skipping
+    saves."""
+    require_looped(model)
+    device = torch.device(device)
+    mode = getattr(decide, "mode", type(decide).__name__)
+
+    def once(x, y, sk=skip):
+        h, depth = per_token_halting(model, x, decide, ceiling, skip=sk)
+        return nll_rows(model, h, y), depth
+
+    wall, outs = timed_batches(once, batches, device, progress=progress, desc=mode)
+    sum_nll, n_tok, n_correct, depth_sum = 0.0, 0, 0, 0
+    hist = np.zeros(ceiling + 1, dtype=np.int64)
+    for y, ((nll, correct), depth) in outs:
+        valid = y != -100
+        sum_nll += float(nll.sum())
+        n_tok += int(valid.sum())
+        n_correct += int(correct.sum())
+        depth_sum += int(depth[valid].sum())
+        hist += np.bincount(depth[valid].cpu().numpy(), minlength=ceiling + 1)
+    md = depth_sum / max(n_tok, 1)
+    wall = min(wall, timed_min(once, batches, device, repeats - 1))
+    dense = {}
+    if time_dense:
+        dense["wall_clock_dense_s"] = timed_min(
+            lambda x, y: once(x, y, False), batches, device, max(repeats, 1)
+        )
+    return {
+        "rule": mode.split(":", 1)[0],
+        "mode": mode,
+        "ceiling": ceiling,
+        **nll_totals(sum_nll, n_tok, n_correct, md),
+        "frac_at_ceiling": float(hist[ceiling] / max(n_tok, 1)),
+        "depth_hist": hist[1:].tolist(),
+        "wall_clock_s": wall,
+        "timing_repeats": repeats,
+        **dense,
+        "skip": skip,
+        **flops_fields(flops_cfg, md),
+    }
+
+
+@torch.no_grad()
+def harvest_router_data(
+    model: torch.nn.Module,
+    batches: Iterable[Batch],
+    ceiling: int = DEFAULT_CEILING,
+    *,
+    label_threshold: float = DEFAULT_LABEL_THRESHOLD,
+    max_samples: int = 200_000,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Convergence labels from a full (no-halting) unroll: features ``rms_norm(h_t)`` (N, d) and
+    labels ``1{KL(p_t ‖ p_{t−1}) < label_threshold}`` (N,) for scored tokens and t = 1..C−1
+    (the steps at which a halting decision is taken). At most ``max_samples`` rows, drawn
+    uniformly without replacement with ``seed``."""
+    from tqdm.auto import tqdm
+
+    require_looped(model)
+    rec = model.recurrence
+    feats, labels = [], []
+    for x, y in tqdm(batches, disable=not progress, desc="harvest", leave=False):
+        x, y = x.to(device), y.to(device)
+        valid = y != -100
+        ctx = model.prepare(x)
+        s = rec.init_state(ctx)
+        prev = PreviousReadout(model, rec.to_hidden(s, ctx)[valid])
+        for t in range(1, ceiling):
+            s = rec.step(model.block, s, ctx, t - 1)
+            h = rec.to_hidden(s, ctx)[valid]  # (N, d)
+            kl = prev.advance(h, lambda _c, lp, lpp: readout_kl(lp, lpp))  # (N,)
+            feats.append(LinearRouter.features(h).cpu())
+            labels.append((kl < label_threshold).float().cpu())
+    if not feats:
+        raise LoopLMError(f"no router training data (ceiling={ceiling} must be >= 2)")
+    X, Y = torch.cat(feats), torch.cat(labels)
+    if X.shape[0] > max_samples:
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.randperm(X.shape[0], generator=g)[:max_samples]
+        X, Y = X[idx], Y[idx]
+    return X, Y
+
+
+def fit_router(
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    *,
+    label_threshold: float = DEFAULT_LABEL_THRESHOLD,
+    l2: float = 1e-4,
+    max_iter: int = 200,
+) -> LinearRouter:
+    """Logistic regression (full-batch L-BFGS, L2 penalty ``l2`` on the weights)."""
+    X = X.float()
+    Y = Y.float()
+    d = X.shape[1]
+    pos = float(Y.mean())
+    w = torch.zeros(d, requires_grad=True)
+    b0 = math.log(max(pos, 1e-6) / max(1 - pos, 1e-6))
+    b = torch.tensor(b0, requires_grad=True)
+    if 0.0 < pos < 1.0:
+        opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(X @ w + b, Y) + l2 * w.pow(2).sum()
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            opt.step(closure)
+    with torch.no_grad():
+        p = torch.sigmoid(X @ w + b)
+        acc = float(((p >= 0.5).float() == Y).float().mean())
+        bce = float(F.binary_cross_entropy(p.clamp(1e-7, 1 - 1e-7), Y))
+    stats = {
+        "n_samples": int(X.shape[0]),
+        "positive_rate": pos,
+        "train_accuracy": acc,
+        "train_bce": bce,
+        "majority_accuracy": max(pos, 1 - pos),
+    }
+    return LinearRouter(w.detach().clone(), float(b.detach()), float(label_threshold), stats)

@@ -1,0 +1,90 @@
+"""LAMBADA last-word completion at several depths (:mod:`looplm.evaluate.completion`)::
+
+    lambada: {path: lambada, max_examples: 200, depths: [1, 2, 4, 8, 16, 32, 48]}
+
+``path`` (``lambada_test.jsonl`` or its folder) is resolved against the experiment's data folder
+when it is not an existing path. Rows: ``dataset='lambada'``, ``split='test'``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from looplm.errors import LoopLMError
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+
+KEYS = {"path", "max_examples", "depths", "batch_size"}
+
+
+@register_kind
+class Lambada(EvaluationKind):
+    """Target-token PPL/accuracy and exact last-word accuracy on LAMBADA's test split."""
+
+    name = "lambada"
+    section = "lambada"
+    order = 40
+
+    def __init__(self, settings: dict[str, Any], depths: list[int]) -> None:
+        self.settings, self.depths = settings, depths
+
+    @classmethod
+    def configure(cls, evaluate: dict[str, Any]) -> Lambada | None:
+        from looplm.device import depth_list
+
+        lam = evaluate.get("lambada")
+        if not lam:
+            return None
+        check_keys(lam, KEYS, "evaluate.lambada")
+        if "path" not in lam:
+            raise LoopLMError("evaluate.lambada needs a path (lambada_test.jsonl or its folder)")
+        return cls(
+            dict(lam), depth_list(lam.get("depths", evaluate.get("depths")), "lambada.depths")
+        )
+
+    def _tag(self, job: EvalJob) -> str:
+        return job.tag(max_examples=self.settings.get("max_examples"))
+
+    def identities(self, job: EvalJob) -> list[dict[str, Any]]:
+        from looplm.evaluate.records import fixed_depth_identities
+
+        return fixed_depth_identities(
+            job.cfg,
+            self.depths,
+            dataset="lambada",
+            split="test",
+            tag=self._tag(job),
+            protocol=job.protocol,
+        )
+
+    def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
+        from looplm.data.corpora import lambada_examples
+        from looplm.data.tokenizers import get_tokenizer
+        from looplm.evaluate.completion import lambada_items, lambada_sweep
+        from looplm.evaluate.records import fixed_depth_records
+
+        path = Path(self.settings["path"])
+        if not path.exists() and job.data_dir:
+            path = Path(job.data_dir) / self.settings["path"]
+        items = lambada_items(
+            lambada_examples(path)[: self.settings.get("max_examples")],
+            get_tokenizer(job.cfg.model.tokenizer),
+            job.cfg.model.context,
+        )
+        rows = lambada_sweep(
+            job.model(),
+            items,
+            sorted(i["depth"] for i in todo),
+            batch_size=int(self.settings.get("batch_size", job.batch_size)),
+            device=job.device,
+            progress=job.progress,
+        )
+        return fixed_depth_records(
+            rows,
+            job.cfg,
+            dataset="lambada",
+            split="test",
+            tag=self._tag(job),
+            protocol=job.protocol,
+            extra=job.extra,
+        )

@@ -1,0 +1,53 @@
+"""Held-out transfer: the fixed-depth sweep of a trained run on other corpora (no training on
+them), one entry per corpus under ``evaluate.transfer``::
+
+    transfer:
+      - {dataset: c4, split: train, max_tokens: 4096, depths: [1, 2, 4, 8, 16, 32, 48]}
+
+``split`` defaults to test, ``max_tokens`` and ``depths`` to the common ``evaluate`` settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from looplm.errors import LoopLMError
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.evaluate.kinds.fixed import Sweep
+
+KEYS = {"dataset", "split", "max_tokens", "depths"}
+
+
+@register_kind
+class Transfer(EvaluationKind):
+    """Fixed-depth sweeps of the corpora listed under ``evaluate.transfer``."""
+
+    name = "transfer"
+    section = "transfer"
+    order = 30
+
+    def __init__(self, sweeps: list[Sweep]) -> None:
+        self.sweeps = sweeps
+
+    @classmethod
+    def configure(cls, evaluate: dict[str, Any]) -> Transfer | None:
+        from looplm.device import depth_list
+
+        entries = evaluate.get("transfer") or []
+        if not isinstance(entries, list):
+            raise LoopLMError("evaluate.transfer must be a list of {dataset, split, …} entries")
+        sweeps = []
+        for i, t in enumerate(entries):
+            check_keys(t, KEYS, f"evaluate.transfer[{i}]")
+            if "dataset" not in t:
+                raise LoopLMError(f"evaluate.transfer[{i}] needs a dataset")
+            depths = depth_list(t.get("depths", evaluate.get("depths")), "transfer.depths")
+            cap = t.get("max_tokens", evaluate.get("max_tokens"))
+            sweeps.append(Sweep(t["dataset"], t.get("split", "test"), cap, tuple(depths)))
+        return cls(sweeps) if sweeps else None
+
+    def identities(self, job: EvalJob) -> list[dict[str, Any]]:
+        return [i for s in self.sweeps for i in s.identities(job)]
+
+    def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
+        return [r for s in self.sweeps for r in s.run(job, todo)]

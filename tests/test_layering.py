@@ -1,0 +1,74 @@
+"""Architecture rules checked on the source: imports flow one way, files and functions stay
+readable, and the package's lazy attributes work."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "looplm"
+LOWER_LAYERS = ("model", "data", "evaluate", "diagnostics", "results")
+UPPER_MODULES = ("looplm.train", "looplm.commands", "looplm.experiments", "looplm.cli")
+
+
+def _imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module or "")
+            names += [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+@pytest.mark.parametrize("layer", LOWER_LAYERS)
+def test_lower_layers_never_import_training_the_cli_or_the_experiment_runner(layer):
+    files = sorted((ROOT / layer).rglob("*.py"))
+    assert files
+    for f in files:
+        for name in _imports(f):
+            assert not name.startswith(UPPER_MODULES), (str(f.relative_to(ROOT)), name)
+
+
+def test_looplm_subpackages_are_attributes():
+    code = "import looplm; print(len(looplm.data.CORPORA) > 0, looplm.results.EvalRecord.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "EvalRecord"]
+    import looplm
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        looplm.nope  # noqa: B018
+
+
+def test_key_value_settings_may_follow_an_option():
+    from looplm.cli import parse_args
+
+    args = parse_args(["train", "tiny_bool", "out_dir=X", "--resume", "train.steps=3"])
+    assert args.resume and args.overrides == ["out_dir=X", "train.steps=3"]
+    args = parse_args(["params", "--method", "hyper_scse", "lanes=2", "--json", "dropout=0"])
+    assert args.settings == ["lanes=2", "dropout=0"]
+    with pytest.raises(SystemExit):
+        parse_args(["train", "tiny_bool", "--resume", "--bogus"])
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
+
+
+def test_files_and_functions_stay_readable():
+    """No module in looplm/ over 600 lines, no function over 80 (definition to last line)."""
+    long = []
+    for f in sorted(ROOT.rglob("*.py")):
+        text = f.read_text()
+        if text.count("\n") > MAX_FILE_LINES:
+            long.append(f"{f.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
+    assert not long, long
