@@ -259,3 +259,25 @@ def test_kv_cache_serves_prelude_core_and_coda(positions: str) -> None:
     assert len(cache.slots) == 1 + 2 * 3 + 1  # prelude, core layers × loops, coda
     a = generate(model, ids[:, :4], 6, loops=3, use_cache=True)
     assert torch.equal(a, generate(model, ids[:, :4], 6, loops=3, use_cache=False))
+
+
+def test_adaptive_depth_and_diagnostics_refuse_coda_models_and_follow_the_mask() -> None:
+    from looplm.evaluate.adaptive import maxtoken_forward
+    from looplm.evaluate.halting import KLHalt, per_token_halting
+
+    torch.manual_seed(0)
+    coda = looplm.build_model("tiny", "scse", coda_layers=1).eval()
+    x = torch.randint(0, 257, (2, 8))
+    with pytest.raises(LoopLMError, match="coda_layers=1"):
+        maxtoken_forward(coda, x, torch.ones_like(x, dtype=torch.bool), 0.1, 4)
+    graph = looplm.build_model(
+        "tiny", "looped", d_model=32, n_heads=2, d_ff=64, dropout=0.0, attention="adjacency",
+        positions="none",
+    ).double().eval()  # fmt: skip
+    b = make_batch("graph_nodes", 3, (2, 3), seed=0)
+    (h,) = graph.hidden_states(b.input_ids, 5)
+    dense, depth = per_token_halting(graph, b.input_ids, KLHalt(0.0), 5)
+    assert bool((depth == 5).all())
+    torch.testing.assert_close(dense, h)  # the halting path uses the graph's mask
+    h_mt, _ = maxtoken_forward(graph, b.input_ids, b.targets != -100, 0.0, 5)
+    torch.testing.assert_close(h_mt, h)

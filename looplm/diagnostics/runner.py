@@ -242,6 +242,11 @@ class _Measured:
 def _check_batches(model: torch.nn.Module, batches: Sequence) -> None:
     if not getattr(model, "is_looped", False):
         raise LoopLMError("diagnostics need a looped model with a shared block and an anchor")
+    if model.config.coda_layers:
+        raise LoopLMError(
+            f"diagnostics read out loop states directly; model.coda_layers="
+            f"{model.config.coda_layers} is not supported (use coda_layers=0)"
+        )
     if not batches:
         raise LoopLMError("no batches to measure (check --batches and the data)")
     shapes = {tuple(x.shape) for x, _ in batches}

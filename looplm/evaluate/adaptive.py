@@ -147,11 +147,12 @@ def update_trace(
         valid = y != -100
         keep = valid.any(dim=1)
         ctx = model.prepare(x)
+        core = model.core_call(ctx)
         s = rec.init_state(ctx)
         h_prev = rec.to_hidden(s, ctx)
         cols = []
         for t in range(ceiling):
-            s = rec.step(model.block, s, ctx, t)
+            s = rec.step(core, s, ctx, t)
             h = rec.to_hidden(s, ctx)
             cols.append(max_token_updates(h, h_prev, valid))  # (B,)
             h_prev = h
@@ -244,8 +245,9 @@ def maxtoken_forward(
     out = torch.empty_like(h_prev)
     depth = torch.full((B,), ceiling, dtype=torch.long, device=x.device)
     rows = torch.arange(B, device=x.device)  # batch rows still running
+    core = model.core_call(ctx)
     for t in range(1, ceiling + 1):
-        s = rec.step(model.block, s, ctx, t - 1)
+        s = rec.step(core, s, ctx, t - 1)
         h = rec.to_hidden(s, ctx)  # (A, L, d)
         if t == ceiling:
             out[rows] = h
@@ -259,6 +261,7 @@ def maxtoken_forward(
                 break
             rows, s, h, valid = rows[keep], s[keep], h[keep], valid[keep]
             ctx = index_context(ctx, keep)
+            core = model.core_call(ctx)  # the attention mask (if any) follows the rows
         h_prev = h
     return out, depth
 

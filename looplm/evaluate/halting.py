@@ -33,7 +33,6 @@ from looplm.evaluate.common import (
     timed_batches,
     timed_min,
 )
-from looplm.model.block import BlockCall
 from looplm.model.readout import log_probs, readout_kl, row_chunks
 
 
@@ -193,9 +192,7 @@ def per_token_halting(
     )
     for t in range(1, ceiling + 1):
         all_active = bool(active.all())
-        step_block = (
-            model.block if (all_active or not skip) else BlockCall(model.block, active=active)
-        )
+        step_block = model.core_call(ctx, active=None if (all_active or not skip) else active)
         s_new = rec.step(step_block, s, ctx, t - 1)
         s = s_new if all_active else torch.where(_token_mask_for(s, active), s_new, s)
         depth += active
@@ -303,8 +300,9 @@ def harvest_router_data(
         ctx = model.prepare(x)
         s = rec.init_state(ctx)
         prev = PreviousReadout(model, rec.to_hidden(s, ctx)[valid])
+        core = model.core_call(ctx)
         for t in range(1, ceiling):
-            s = rec.step(model.block, s, ctx, t - 1)
+            s = rec.step(core, s, ctx, t - 1)
             h = rec.to_hidden(s, ctx)[valid]  # (N, d)
             kl = prev.advance(h, lambda _c, lp, lpp: readout_kl(lp, lpp))  # (N,)
             feats.append(LinearRouter.features(h).cpu())
