@@ -36,9 +36,24 @@ def _load(path):
     return AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True).eval()
 
 
-@pytest.mark.parametrize("recurrence", ["scse", "step_conditioned", "hyper_scse", "unshared"])
-def test_exported_model_has_looplm_logits_and_greedy_tokens(tmp_path, recurrence: str) -> None:
-    extra = ["model.n_layers=2"] if recurrence == "unshared" else []
+VARIANTS = {
+    "scse": ("scse",),
+    "step_conditioned": ("step_conditioned",),
+    "hyper_scse": ("hyper_scse",),
+    "unshared": ("unshared", "model.n_layers=2"),
+    "scse_rope_prelude_core2_coda": (
+        "scse",
+        "model.positions=rope",
+        "model.prelude_layers=1",
+        "model.core_layers=2",
+        "model.coda_layers=1",
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_exported_model_has_looplm_logits_and_greedy_tokens(tmp_path, variant: str) -> None:
+    recurrence, *extra = VARIANTS[variant]
     ck, model = _checkpoint(tmp_path, recurrence, *extra)
     out = export_checkpoint(ck, tmp_path / "hf", loops=4)
     config = json.loads((out / "config.json").read_text())
