@@ -6,7 +6,8 @@ controls) to a *different* input, so its keys and values differ per application.
 one K/V slot per block application within a forward pass: slot ``i`` is the i-th call of the block
 (loop step t, body call c), identical in order for the prompt and every new token. Decoding one
 token runs the loop over that token only, attending to the cached K/V of its own slot. Positions
-continue from the prompt.
+continue from the prompt. :func:`decode` keeps the slots in preallocated buffers
+(:class:`StaticKVCache`: a new position is written in place rather than concatenated).
 
 **Adaptive depth** (``halt="kl"`` or ``"maxtoken"``, :func:`adaptive_next_logits`). The prompt
 (prefill) runs the full T. Each decoded token then runs loop steps t = 1, 2, … and after every step
@@ -28,7 +29,8 @@ projection only. For SCSE the block input is the frozen deviation itself, so eve
 gets the keys/values of the last state. This is the rule the per-token halting evaluation uses
 (halted tokens stay visible to later tokens), so tokens decoded later attend to halted tokens
 exactly as in :func:`looplm.evaluate.adaptive.per_token_halting`. When every row has halted the
-remaining steps do only that K/V work. Threshold 0 never halts (a rounding-negative KL cannot stop a
+remaining steps do only that K/V work, and a slot whose block input equals the previous step's
+(SCSE's frozen deviation) gets those keys/values copied, not recomputed. Threshold 0 never halts (a rounding-negative KL cannot stop a
 token), and the pass is then the fixed-depth pass operation for operation: token-identical output
 and equal logits (tested).
 
@@ -62,6 +64,7 @@ __all__ = [
     "Generation",
     "Halting",
     "KVCache",
+    "StaticKVCache",
     "adaptive_next_logits",
     "cached_hidden",
     "decode",
@@ -105,6 +108,55 @@ class Generation:
     @property
     def mean_loops(self) -> float:
         return float(self.loops.double().mean()) if self.loops.numel() else math.nan
+
+
+class StaticKVCache(KVCache):
+    """A :class:`KVCache` whose slots are preallocated (B, nh, capacity, hs) buffers: a new
+    position is written in place, where the list cache copies every slot's whole history per
+    token (``torch.cat``; on the CPU that copy was ~40% of a decoding step of the tiny model).
+    Attention reads the first ``length + new`` positions of a buffer as a view."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self.length = 0
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def slots(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cached (k, v) of every slot: views (B, nh, length, hs) of the buffers."""
+        n = self.length
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in self.buffers]
+
+    def append(
+        self, index: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.capacity:
+            raise LoopLMError(f"KV cache holds {self.capacity} positions; {end} were asked for")
+        if index == len(self.buffers):
+            B, nh, _, hs = k.shape
+            self.buffers.append(
+                (k.new_empty(B, nh, self.capacity, hs), v.new_empty(B, nh, self.capacity, hs))
+            )
+        elif index > len(self.buffers):
+            raise IndexError(f"KV slot {index} used before slot {len(self.buffers)}")
+        K, V = self.buffers[index]
+        K[:, :, start:end] = k
+        V[:, :, start:end] = v
+        return K[:, :, :end], V[:, :, :end]
+
+    def copy_new(self, src: int, dst: int, n: int) -> None:
+        """Slot ``dst`` gets slot ``src``'s keys/values of the ``n`` positions being added."""
+        a, b = self.length, self.length + n
+        if dst == len(self.buffers):
+            k, v = self.buffers[src]
+            self.buffers.append((torch.empty_like(k), torch.empty_like(v)))
+        for to, frm in zip(self.buffers[dst], self.buffers[src]):
+            to[:, :, a:b] = frm[:, :, a:b]
+
+    def index_rows(self, rows: torch.Tensor) -> None:
+        """Keep the batch rows ``rows`` (in that order), e.g. to reorder beams."""
+        self.buffers = [(k[rows], v[rows]) for k, v in self.buffers]
 
 
 def _require_cacheable(model: nn.Module) -> None:
@@ -176,42 +228,76 @@ def adaptive_next_logits(
     core = model.core_call(ctx, cache=cache)  # one binding: the slots follow the block calls
     s = rec.init_state(ctx)
     active = torch.ones(B, L, dtype=torch.bool, device=ids.device)
-    depth = torch.zeros(B, L, dtype=torch.long, device=ids.device)
+    depth = torch.full((B, L), loops, dtype=torch.long, device=ids.device)
     decide = KLHalt(halting.threshold) if kl else None
     prev = None  # per token: log p_{t-1} (kl, (B, L, V)) or h_{t-1} (maxtoken, (B, L, d))
     if halting.enabled:
         h = rec.to_hidden(s, ctx)
-        # a copy: to_hidden may return the state itself (or ctx.e), and prev is written in place
-        prev = F.log_softmax(model.readout(h).float(), dim=-1) if kl else h.clone()
+        prev = F.log_softmax(model.readout(h).float(), dim=-1) if kl else h
     n_active = B * L
+    halted_core = None
     for t in range(loops):
         if n_active == 0:  # every token halted: the remaining slots get keys/values only
-            core.active = active
-            rec.step(core, s, ctx, t)
+            halted_core = halted_core or _KeysValuesOnly(core, active)
+            halted_core.calls = 0
+            rec.step(halted_core, s, ctx, t)
             continue
         dense = n_active == B * L
         core.active = None if dense else active
         s_new = rec.step(core, s, ctx, t)
         s = s_new if dense else torch.where(_token_mask(s, active), s_new, s)
-        depth += active
         if prev is None or t == loops - 1:
             continue
-        h_act = rec.to_hidden(s, ctx)[active]  # (N, d)
+        h = rec.to_hidden(s, ctx)
+        # (N, ·) rows of the active tokens; while all are active, views instead of gathers
+        h_act = h.reshape(B * L, -1) if dense else h[active]
+        prev_act = prev.reshape(B * L, -1) if dense else prev[active]
         if kl:
-            logp = F.log_softmax(model.readout(h_act).float(), dim=-1)  # (N, V)
-            halt = decide(t + 1, h_act, logp, prev[active])
-            prev[active] = logp
+            cur = F.log_softmax(model.readout(h_act).float(), dim=-1)  # (N, V)
+            halt = decide(t + 1, h_act, cur, prev_act)
         else:
-            halt = relative_update(h_act, prev[active]) < halting.threshold
-            prev[active] = h_act
+            cur = h_act
+            halt = relative_update(h_act, prev_act) < halting.threshold
+        # out of place: prev may share memory with a state (to_hidden can return it)
+        prev = cur.view(B, L, -1) if dense else prev.index_put((active,), cur)
         if bool(halt.any()):
-            new_active = active.clone()
-            new_active[active] = ~halt
-            active = new_active
+            stop = halt.view(B, L) if dense else active.clone().index_put_((active,), halt)
+            depth = depth.masked_fill(stop, t + 1)
+            active = active & ~stop
             n_active = int(active.sum())
     h = model.finish(rec.to_hidden(s, ctx), ctx, cache=cache, first_slot=core.slot)
     cache.length += L
     return model.readout(h[:, -1]), depth
+
+
+class _KeysValuesOnly:
+    """The core once every token of a pass has halted: each call only writes the keys/values
+    of its input into its slot(s) — the block's path for a call without active rows — and returns
+    G = 0 (the recurrence's result is discarded; the states stay frozen). The keys/values are a
+    function of the input alone, so an input equal to the one the same call received at the
+    previous step gets that step's keys/values copied (a frozen SCSE state is the block input
+    itself, so after the first halted step no projection runs)."""
+
+    def __init__(self, core, no_rows: torch.Tensor) -> None:
+        self.core, self.no_rows = core, no_rows  # (B, L) all False
+        self.calls = 0  # block calls made in the current loop step
+        self.seen: dict[int, tuple[torch.Tensor, int]] = {}  # call → (input, first slot)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        core, i = self.core, self.calls
+        self.calls += 1
+        n = getattr(core.block, "n_layers", 1)
+        cache = core.cache
+        prev = self.seen.get(i)
+        if prev is not None and isinstance(cache, StaticKVCache) and torch.equal(prev[0], x):
+            for j in range(n):
+                cache.copy_new(prev[1] + j, core.slot + j, x.shape[-2])
+            core.slot += n
+        else:
+            self.seen[i] = (x, core.slot)
+            core.active = self.no_rows
+            core(x)
+        return torch.zeros_like(x)
 
 
 def _sample(
@@ -270,14 +356,14 @@ def decode(
     B = ids.shape[0]
     out = ids
     depths = torch.full((B, max_new_tokens), loops, dtype=torch.long, device=ids.device)
-    cache = KVCache() if cached else None
+    cache = None
     logits = None
     for i in range(max_new_tokens):
         if not cached:
             logits = next_logits(model, out[:, -context:], loops, None)
         elif logits is None or cache.length >= context:  # (re-)prefill the window at full T
             keep = context if logits is None else context - slide + 1
-            cache = KVCache()
+            cache = StaticKVCache(context)
             logits = next_logits(model, out[:, -keep:], loops, cache)
         elif halting.rule == "none":
             logits = next_logits(model, out[:, -1:], loops, cache)

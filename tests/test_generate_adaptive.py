@@ -16,6 +16,7 @@ from looplm.evaluate.adaptive import per_token_halting
 from looplm.generate import (
     Halting,
     KVCache,
+    StaticKVCache,
     adaptive_next_logits,
     decode,
     generate,
@@ -234,3 +235,16 @@ def test_coda_models_halt_by_maxtoken_only() -> None:
     assert g.tokens.shape == (3, 13)
     with pytest.raises(LoopLMError, match="coda"):
         decode(model, prompt, 6, 4, halt="kl", threshold=0.01)
+
+
+def test_preallocated_cache_equals_the_list_cache() -> None:
+    model, prompt = _model("sc_cond_subtractive"), _prompts()
+    a, b = KVCache(), StaticKVCache(capacity=20)
+    torch.testing.assert_close(next_logits(model, prompt, 3, a), next_logits(model, prompt, 3, b))
+    for n in range(4):
+        tok = prompt[:, n : n + 1]
+        torch.testing.assert_close(next_logits(model, tok, 3, a), next_logits(model, tok, 3, b))
+    assert [k.shape for k, _ in a.slots] == [k.shape for k, _ in b.slots]
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a.slots, b.slots))
+    with pytest.raises(LoopLMError, match="holds 20 positions"):
+        next_logits(model, torch.zeros(3, 10, dtype=torch.long), 3, b)

@@ -25,7 +25,7 @@ from .configuration_looplm import LoopLMConfig
 
 try:
     from looplm.config import model_config
-    from looplm.generate import KVCache, cached_hidden
+    from looplm.generate import StaticKVCache, cached_hidden
     from looplm.model import model_from_config
 except ImportError as exc:  # pragma: no cover - depends on the loading environment
     raise ImportError(
@@ -34,18 +34,19 @@ except ImportError as exc:  # pragma: no cover - depends on the loading environm
     ) from exc
 
 
-class LoopLMCache(KVCache):
-    """looplm's KV cache plus the window start: the cached positions are ``tokens[start:]``."""
+class LoopLMCache(StaticKVCache):
+    """looplm's KV cache (one slot per block application, ``capacity`` positions) plus the
+    window start: the cached positions are ``tokens[start:]``."""
 
-    def __init__(self, start: int = 0) -> None:
-        super().__init__()
+    def __init__(self, capacity: int, start: int = 0) -> None:
+        super().__init__(capacity)
         self.start = start
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.start + self.length
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        self.slots = [(k[beam_idx], v[beam_idx]) for k, v in self.slots]
+        self.index_rows(beam_idx)
 
 
 class LoopLMForCausalLM(PreTrainedModel, GenerationMixin):
@@ -96,7 +97,7 @@ class LoopLMForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("looplm models take no padding: batch prompts of equal length")
         cache = past_key_values
         if cache is None and use_cache and getattr(self.model, "is_looped", False):
-            cache = LoopLMCache()
+            cache = LoopLMCache(self.model.config.context)
         if cache is not None:
             h = cached_hidden(self.model, input_ids, T, cache)
         else:
@@ -130,7 +131,7 @@ class LoopLMForCausalLM(PreTrainedModel, GenerationMixin):
             return {**inputs, "input_ids": input_ids[:, -context:]}
         cache = past_key_values
         if cache is None or cache.length >= context or cache.start + cache.length >= n:
-            cache = LoopLMCache(start=max(0, n - context))
+            cache = LoopLMCache(context, start=max(0, n - context))
         return {
             **inputs,
             "input_ids": input_ids[:, cache.start + cache.length :],

@@ -43,6 +43,22 @@ class KVCache:
     slots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     length: int = 0
 
+    def append(
+        self, index: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' (k, v) of slot ``index`` after the cached ones; returns all
+        of them. (A subclass may store them differently, e.g. in preallocated buffers.)"""
+        slots = self.slots
+        if index < len(slots):
+            pk, pv = slots[index]
+            k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+            slots[index] = (k, v)
+        elif index == len(slots):
+            slots.append((k, v))
+        else:
+            raise IndexError(f"KV slot {index} used before slot {len(slots)}")
+        return k, v
+
 
 class KVSlot:
     """The cache entry of one block application (slot ``index`` of ``cache``)."""
@@ -52,16 +68,7 @@ class KVSlot:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' (k, v) after the cached ones; returns all of them."""
-        slots = self.cache.slots
-        if self.index < len(slots):
-            pk, pv = slots[self.index]
-            k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-            slots[self.index] = (k, v)
-        elif self.index == len(slots):
-            slots.append((k, v))
-        else:
-            raise IndexError(f"KV slot {self.index} used before slot {len(slots)}")
-        return k, v
+        return self.cache.append(self.index, k, v)
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
