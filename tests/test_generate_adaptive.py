@@ -12,7 +12,7 @@ import torch
 
 import looplm
 from looplm.errors import LoopLMError
-from looplm.evaluate.adaptive import per_token_halting
+from looplm.evaluate.adaptive import per_token_halting, relative_update
 from looplm.generate import (
     Halting,
     KVCache,
@@ -31,7 +31,6 @@ METHODS = [
     "sc_cond_subtractive",
     "hyper_scse",
 ]
-KL_CANDIDATES = [1e-4 * 10 ** (k / 4) for k in range(13)]  # 1e-4 … 1e-1
 
 
 def _model(name: str, **kw):
@@ -45,8 +44,17 @@ def _prompts(B: int = 3, L: int = 7, seed: int = 1) -> torch.Tensor:
 
 def _mixed_threshold(model, prompt, loops: int, rule: str = "kl") -> float:
     """A threshold at which decoded tokens halt at more than one depth (so the test means
-    something for this random-weight model)."""
-    for thr in KL_CANDIDATES if rule == "kl" else [0.05 * k for k in range(1, 40)]:
+    something for this random-weight model): a quantile of the rule's statistic over the prompt's
+    positions and loop steps (from one uncached unroll), checked by a short decoding run."""
+    with torch.no_grad():
+        hs = model(prompt, loops=loops, return_states=True).states  # [h_0 … h_T]
+        if rule == "kl":
+            lps = [torch.log_softmax(model.readout(h).float(), -1) for h in hs[:-1]]
+            stat = torch.stack([(q.exp() * (q - p)).sum(-1) for p, q in zip(lps, lps[1:])])
+        else:
+            stat = torch.stack([relative_update(b, a) for a, b in zip(hs[:-2], hs[1:-1])])
+    for q in (0.5, 0.3, 0.7, 0.15, 0.85, 0.05, 0.95, 0.01, 0.99):
+        thr = float(torch.quantile(stat.double().flatten(), q))
         g = decode(model, prompt, 10, loops, halt=rule, threshold=thr)
         if len(g.loops[:, 1:].unique()) >= 2 and bool((g.loops[:, 1:] < loops).any()):
             return thr
