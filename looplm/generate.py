@@ -30,12 +30,16 @@ gets the keys/values of the last state. This is the rule the per-token halting e
 (halted tokens stay visible to later tokens), so tokens decoded later attend to halted tokens
 exactly as in :func:`looplm.evaluate.adaptive.per_token_halting`. When every row has halted the
 remaining steps do only that K/V work, and a slot whose block input equals the previous step's
-(SCSE's frozen deviation) gets those keys/values copied, not recomputed. Threshold 0 never halts (a rounding-negative KL cannot stop a
-token), and the pass is then the fixed-depth pass operation for operation: token-identical output
-and equal logits (tested).
+(SCSE's frozen deviation) gets those keys/values copied, not recomputed. Threshold 0 never halts
+(a rounding-negative KL cannot stop a token), and the pass is then the fixed-depth pass operation
+for operation: token-identical output and equal logits (tested). Prelude layers run once per token
+before the loop and coda layers once after it, on the final (possibly frozen) state; ``kl`` needs
+a readout of every intermediate state and is refused for models with coda layers (``maxtoken``
+works).
 
-**Sliding window.** Positions are learned absolute positions 0 … context−1, so cached keys cannot
-be shifted. When the next token has no position left, the last ``context − slide + 1`` tokens are
+**Sliding window.** Positions are learned absolute positions 0 … context−1 by default, so cached
+keys cannot be shifted (the same rule is used for rotary and position-free models). When the next
+token has no position left, the last ``context − slide + 1`` tokens are
 re-prefilled from position 0 into a fresh cache (full T) and decoding continues. ``slide=1`` (the
 default) predicts every token from exactly the last ``context`` tokens, the same as the uncached
 path (tested); a larger ``slide`` re-prefills once every ``slide`` tokens.
