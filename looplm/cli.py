@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "looplm.commands.sweep",
     "looplm.commands.diagnose",
     "looplm.commands.generate",
+    "looplm.commands.export",
 ]
 
 

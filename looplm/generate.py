@@ -1,11 +1,48 @@
-"""Text generation with a key/value cache that is exact for looped models.
+"""Text generation for looped models: an exact key/value cache, per-token adaptive depth and a
+sliding context window.
 
-Sharing rule: the shared block is applied at every loop step (and twice per step for the
-subtractive controls) to a *different* input, so its keys and values differ per application.
-The cache therefore holds one K/V slot per block application within a forward pass: slot
-``i`` is the i-th call of the block (loop step t, body call c), identical in order for the prompt
-and every new token. Decoding one token runs the full loop over that token only, attending to the
-cached K/V of its own slot. Positions continue from the prompt.
+**Cache.** The shared block is applied at every loop step (twice per step for the subtractive
+controls) to a *different* input, so its keys and values differ per application. The cache holds
+one K/V slot per block application within a forward pass: slot ``i`` is the i-th call of the block
+(loop step t, body call c), identical in order for the prompt and every new token. Decoding one
+token runs the loop over that token only, attending to the cached K/V of its own slot. Positions
+continue from the prompt. :func:`decode` keeps the slots in preallocated buffers
+(:class:`StaticKVCache`: a new position is written in place rather than concatenated).
+
+**Adaptive depth** (``halt="kl"`` or ``"maxtoken"``, :func:`adaptive_next_logits`). The prompt
+(prefill) runs the full T. Each decoded token then runs loop steps t = 1, 2, … and after every step
+t < T a halting rule looks at each still-active token of the batch:
+
+* ``kl``: halt when ``KL(p_t ‖ p_{t−1}) < threshold`` with ``p_t = softmax(readout(h_t))`` and
+  ``p_0`` the readout of the initial state — :class:`looplm.evaluate.adaptive.KLHalt`, the rule
+  the adaptive evaluation uses;
+* ``maxtoken``: halt when the relative hidden update ``‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ < threshold``
+  (:func:`looplm.evaluate.adaptive.relative_update`; with one new token per prompt the paper's
+  per-example max over tokens is this token's value).
+
+A halted token's recurrent state is **frozen** and its logits are read out from it. Halted rows
+skip the work: the block runs in its active-row mode (``Block(x, active=…)``), which computes the
+queries, attention output and SwiGLU for active rows only. **Keys/values rule:** at every loop step
+the token skipped, the cache slot still receives the keys/values of the block input the recurrence
+builds from the token's frozen state at that step (with the block's update taken as 0) — the K/V
+projection only. For SCSE the block input is the frozen deviation itself, so every skipped slot
+gets the keys/values of the last state. This is the rule the per-token halting evaluation uses
+(halted tokens stay visible to later tokens), so tokens decoded later attend to halted tokens
+exactly as in :func:`looplm.evaluate.adaptive.per_token_halting`. When every row has halted the
+remaining steps do only that K/V work, and a slot whose block input equals the previous step's
+(SCSE's frozen deviation) gets those keys/values copied, not recomputed. Threshold 0 never halts
+(a rounding-negative KL cannot stop a token), and the pass is then the fixed-depth pass operation
+for operation: token-identical output and equal logits (tested). Prelude layers run once per token
+before the loop and coda layers once after it, on the final (possibly frozen) state; ``kl`` needs
+a readout of every intermediate state and is refused for models with coda layers (``maxtoken``
+works).
+
+**Sliding window.** Positions are learned absolute positions 0 … context−1 by default, so cached
+keys cannot be shifted (the same rule is used for rotary and position-free models). When the next
+token has no position left, the last ``context − slide + 1`` tokens are
+re-prefilled from position 0 into a fresh cache (full T) and decoding continues. ``slide=1`` (the
+default) predicts every token from exactly the last ``context`` tokens, the same as the uncached
+path (tested); a larger ``slide`` re-prefills once every ``slide`` tokens.
 
 One caveat: SCSE-family masks are per example over the whole sequence (Eq. 4). During cached
 decoding a new token's mask uses that token's deviation alone; the two differ only when the new
@@ -15,13 +52,143 @@ states. Ordinary generation gives identical tokens with and without the cache (t
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from looplm.errors import LoopLMError
+from looplm.evaluate.adaptive import KLHalt, relative_update
 from looplm.model.block import KVCache
 
-__all__ = ["KVCache", "generate", "next_logits"]
+__all__ = [
+    "HALT_RULES",
+    "Generation",
+    "Halting",
+    "KVCache",
+    "StaticKVCache",
+    "adaptive_next_logits",
+    "cached_hidden",
+    "decode",
+    "generate",
+    "next_logits",
+]
+
+HALT_RULES = ("none", "kl", "maxtoken")
+
+
+@dataclass(frozen=True)
+class Halting:
+    """Per-token halting during decoding: ``rule`` (none | kl | maxtoken) and its ``threshold``."""
+
+    rule: str = "none"
+    threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rule not in HALT_RULES:
+            raise LoopLMError(f"halting rule {self.rule!r}; allowed: {', '.join(HALT_RULES)}")
+        if not self.threshold >= 0:  # also rejects NaN
+            raise LoopLMError(f"halting threshold {self.threshold!r} must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any token can halt early (threshold 0 never halts)."""
+        return self.rule != "none" and self.threshold > 0
+
+
+@dataclass
+class Generation:
+    """Result of :func:`decode`.
+
+    tokens: (B, L + n) prompt and continuation; loops: (B, n) int64, the loop depth of the pass
+    whose readout chose each generated token (T for a token predicted from a prefill).
+    """
+
+    tokens: torch.Tensor
+    loops: torch.Tensor
+
+    @property
+    def mean_loops(self) -> float:
+        return float(self.loops.double().mean()) if self.loops.numel() else math.nan
+
+
+class StaticKVCache(KVCache):
+    """A :class:`KVCache` whose slots are preallocated (B, nh, capacity, hs) buffers: a new
+    position is written in place, where the list cache copies every slot's whole history per
+    token (``torch.cat``; on the CPU that copy was ~40% of a decoding step of the tiny model).
+    Attention reads the first ``length + new`` positions of a buffer as a view."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self.length = 0
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def slots(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cached (k, v) of every slot: views (B, nh, length, hs) of the buffers."""
+        n = self.length
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in self.buffers]
+
+    def append(
+        self, index: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.capacity:
+            raise LoopLMError(f"KV cache holds {self.capacity} positions; {end} were asked for")
+        if index == len(self.buffers):
+            B, nh, _, hs = k.shape
+            self.buffers.append(
+                (k.new_empty(B, nh, self.capacity, hs), v.new_empty(B, nh, self.capacity, hs))
+            )
+        elif index > len(self.buffers):
+            raise IndexError(f"KV slot {index} used before slot {len(self.buffers)}")
+        K, V = self.buffers[index]
+        K[:, :, start:end] = k
+        V[:, :, start:end] = v
+        return K[:, :, :end], V[:, :, :end]
+
+    def copy_new(self, src: int, dst: int, n: int) -> None:
+        """Slot ``dst`` gets slot ``src``'s keys/values of the ``n`` positions being added."""
+        a, b = self.length, self.length + n
+        if dst == len(self.buffers):
+            k, v = self.buffers[src]
+            self.buffers.append((torch.empty_like(k), torch.empty_like(v)))
+        for to, frm in zip(self.buffers[dst], self.buffers[src]):
+            to[:, :, a:b] = frm[:, :, a:b]
+
+    def index_rows(self, rows: torch.Tensor) -> None:
+        """Keep the batch rows ``rows`` (in that order), e.g. to reorder beams."""
+        self.buffers = [(k[rows], v[rows]) for k, v in self.buffers]
+
+
+def _require_cacheable(model: nn.Module) -> None:
+    if not getattr(model, "is_looped", False):
+        raise LoopLMError("cached generation needs a looped model (recurrence != unshared)")
+
+
+def _cached_context(model: nn.Module, ids: torch.Tensor, cache: KVCache):
+    """The loop context of the new tokens (the prelude, if any, writes its slots)."""
+    _require_cacheable(model)
+    ctx = model.prepare(ids, cache=cache, pos_offset=cache.length)
+    if "attn_mask" in ctx.extra:
+        raise LoopLMError("a KV cache cannot serve a data-given attention mask (model.attention)")
+    return ctx
+
+
+def cached_hidden(model: nn.Module, ids: torch.Tensor, loops: int, cache: KVCache) -> torch.Tensor:
+    """What the readout reads (B, L, d) for the new tokens ``ids`` (B, L) at positions
+    ``cache.length …``: they attend to the cached positions and append their own keys/values."""
+    rec = model.recurrence
+    ctx = _cached_context(model, ids, cache)
+    core = model.core_call(ctx, cache=cache)
+    s = rec.init_state(ctx)
+    for t in range(loops):
+        s = rec.step(core, s, ctx, t)
+    h = model.finish(rec.to_hidden(s, ctx), ctx, cache=cache, first_slot=core.slot)
+    cache.length += ids.shape[1]
+    return h
 
 
 @torch.no_grad()
@@ -31,19 +198,184 @@ def next_logits(
     """Logits (B, V) of the last position. With ``cache``, ``ids`` are only the new tokens."""
     if cache is None:
         return model(ids, loops=loops)[:, -1]
-    if not getattr(model, "is_looped", False):
-        raise LoopLMError("cached generation needs a looped model (recurrence != unshared)")
+    return model.readout(cached_hidden(model, ids, loops, cache)[:, -1])
+
+
+def _token_mask(state: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """(B, L) token mask → broadcastable over a state shaped (B, …, L, d)."""
+    B, L = active.shape
+    return active.view(B, *([1] * (state.dim() - 3)), L, 1)
+
+
+@torch.no_grad()
+def adaptive_next_logits(
+    model: nn.Module, ids: torch.Tensor, loops: int, cache: KVCache, halting: Halting
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One cached pass over the new tokens ``ids`` (B, L) with per-token halting.
+
+    Returns the last position's logits (B, V) and the loop depth of every new token (B, L) int64
+    (between 1 and ``loops``). Decisions are per token and independent of the other rows of the
+    batch (each row attends to its own cache only), so batched and unbatched decoding halt alike.
+    """
+    if model.training:
+        raise LoopLMError("adaptive decoding needs the model in eval mode (call model.eval())")
+    kl = halting.rule == "kl"
+    if kl and halting.enabled and len(getattr(model, "coda", ())):
+        raise LoopLMError(
+            "halt=kl reads out every intermediate state, which a model with coda layers "
+            f"(model.coda_layers={len(model.coda)}) cannot do without running the coda each step; "
+            "use halt=maxtoken"
+        )
     rec = model.recurrence
-    ctx = model.prepare(ids, cache=cache, pos_offset=cache.length)
-    if "attn_mask" in ctx.extra:
-        raise LoopLMError("a KV cache cannot serve a data-given attention mask (model.attention)")
-    block = model.core_call(ctx, cache=cache)
+    B, L = ids.shape
+    ctx = _cached_context(model, ids, cache)
+    core = model.core_call(ctx, cache=cache)  # one binding: the slots follow the block calls
     s = rec.init_state(ctx)
+    active = torch.ones(B, L, dtype=torch.bool, device=ids.device)
+    depth = torch.full((B, L), loops, dtype=torch.long, device=ids.device)
+    decide = KLHalt(halting.threshold) if kl else None
+    prev = None  # per token: log p_{t-1} (kl, (B, L, V)) or h_{t-1} (maxtoken, (B, L, d))
+    if halting.enabled:
+        h = rec.to_hidden(s, ctx)
+        prev = F.log_softmax(model.readout(h).float(), dim=-1) if kl else h
+    n_active = B * L
+    halted_core = None
     for t in range(loops):
-        s = rec.step(block, s, ctx, t)
-    h = model.finish(rec.to_hidden(s, ctx), ctx, cache=cache, first_slot=block.slot)
-    cache.length += ids.shape[1]
-    return model.readout(h[:, -1])
+        if n_active == 0:  # every token halted: the remaining slots get keys/values only
+            halted_core = halted_core or _KeysValuesOnly(core, active)
+            halted_core.calls = 0
+            rec.step(halted_core, s, ctx, t)
+            continue
+        dense = n_active == B * L
+        core.active = None if dense else active
+        s_new = rec.step(core, s, ctx, t)
+        s = s_new if dense else torch.where(_token_mask(s, active), s_new, s)
+        if prev is None or t == loops - 1:
+            continue
+        h = rec.to_hidden(s, ctx)
+        # (N, ·) rows of the active tokens; while all are active, views instead of gathers
+        h_act = h.reshape(B * L, -1) if dense else h[active]
+        prev_act = prev.reshape(B * L, -1) if dense else prev[active]
+        if kl:
+            cur = F.log_softmax(model.readout(h_act).float(), dim=-1)  # (N, V)
+            halt = decide(t + 1, h_act, cur, prev_act)
+        else:
+            cur = h_act
+            halt = relative_update(h_act, prev_act) < halting.threshold
+        # out of place: prev may share memory with a state (to_hidden can return it)
+        prev = cur.view(B, L, -1) if dense else prev.index_put((active,), cur)
+        if bool(halt.any()):
+            stop = halt.view(B, L) if dense else active.clone().index_put_((active,), halt)
+            depth = depth.masked_fill(stop, t + 1)
+            active = active & ~stop
+            n_active = int(active.sum())
+    h = model.finish(rec.to_hidden(s, ctx), ctx, cache=cache, first_slot=core.slot)
+    cache.length += L
+    return model.readout(h[:, -1]), depth
+
+
+class _KeysValuesOnly:
+    """The core once every token of a pass has halted: each call only writes the keys/values
+    of its input into its slot(s) — the block's path for a call without active rows — and returns
+    G = 0 (the recurrence's result is discarded; the states stay frozen). The keys/values are a
+    function of the input alone, so an input equal to the one the same call received at the
+    previous step gets that step's keys/values copied (a frozen SCSE state is the block input
+    itself, so after the first halted step no projection runs)."""
+
+    def __init__(self, core, no_rows: torch.Tensor) -> None:
+        self.core, self.no_rows = core, no_rows  # (B, L) all False
+        self.calls = 0  # block calls made in the current loop step
+        self.seen: dict[int, tuple[torch.Tensor, int]] = {}  # call → (input, first slot)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        core, i = self.core, self.calls
+        self.calls += 1
+        n = getattr(core.block, "n_layers", 1)
+        cache = core.cache
+        prev = self.seen.get(i)
+        if prev is not None and isinstance(cache, StaticKVCache) and torch.equal(prev[0], x):
+            for j in range(n):
+                cache.copy_new(prev[1] + j, core.slot + j, x.shape[-2])
+            core.slot += n
+        else:
+            self.seen[i] = (x, core.slot)
+            core.active = self.no_rows
+            core(x)
+        return torch.zeros_like(x)
+
+
+def _sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """(B, V) → next tokens (B, 1); temperature 0 is greedy."""
+    logits = logits.float()
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+@torch.no_grad()
+def decode(
+    model: nn.Module,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    loops: int = 8,
+    *,
+    halt: str = "none",
+    threshold: float = 0.0,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    use_cache: bool = True,
+    slide: int = 1,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Continue ``ids`` (B, L) by ``max_new_tokens`` tokens (see the module docstring).
+
+    ``loops`` is the depth T (the ceiling when ``halt`` is kl or maxtoken); ``slide`` how many
+    tokens the window advances when it is full (cached path). Prompts of one batch share a length
+    (the model has no padding mask).
+    """
+    from looplm.model.lm import check_loops
+
+    check_loops(loops)
+    halting = Halting(halt, float(threshold))
+    if max_new_tokens < 0:
+        raise LoopLMError(f"max_new_tokens={max_new_tokens} must be >= 0")
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise LoopLMError(f"ids must be a non-empty (batch, length) tensor, got {tuple(ids.shape)}")
+    context = model.config.context
+    if not 1 <= slide <= context:
+        raise LoopLMError(f"slide={slide} must be in [1, context={context}]")
+    model.eval()
+    cached = use_cache and getattr(model, "is_looped", False)
+    if halting.enabled and not cached:
+        raise LoopLMError(
+            "adaptive depth in generation runs on the KV-cached path of a looped model "
+            "(use_cache=True, recurrence != unshared)"
+        )
+    B = ids.shape[0]
+    out = ids
+    depths = torch.full((B, max_new_tokens), loops, dtype=torch.long, device=ids.device)
+    cache = None
+    logits = None
+    for i in range(max_new_tokens):
+        if not cached:
+            logits = next_logits(model, out[:, -context:], loops, None)
+        elif logits is None or cache.length >= context:  # (re-)prefill the window at full T
+            keep = context if logits is None else context - slide + 1
+            cache = StaticKVCache(context)
+            logits = next_logits(model, out[:, -keep:], loops, cache)
+        elif halting.rule == "none":
+            logits = next_logits(model, out[:, -1:], loops, cache)
+        else:
+            logits, d = adaptive_next_logits(model, out[:, -1:], loops, cache, halting)
+            depths[:, i] = d[:, -1]
+        out = torch.cat([out, _sample(logits, temperature, top_k, generator)], dim=1)
+    return Generation(out, depths)
 
 
 @torch.no_grad()
@@ -57,27 +389,24 @@ def generate(
     top_k: int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    halt: str = "none",
+    threshold: float = 0.0,
+    slide: int = 1,
 ) -> torch.Tensor:
-    """Continue ``ids`` (B, L) by ``max_new_tokens`` tokens; temperature 0 is greedy decoding."""
-    model.eval()
-    if ids.shape[1] + max_new_tokens > model.config.context:
-        raise LoopLMError(
-            f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds the context "
-            f"{model.config.context}"
-        )
-    cache = KVCache() if use_cache and getattr(model, "is_looped", False) else None
-    out = ids
-    step_in = ids
-    for _ in range(max_new_tokens):
-        logits = next_logits(model, step_in if cache is not None else out, loops, cache).float()
-        if temperature <= 0:
-            nxt = logits.argmax(-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-        out = torch.cat([out, nxt], dim=1)
-        step_in = nxt
-    return out
+    """Continue ``ids`` (B, L) by ``max_new_tokens`` tokens: (B, L + max_new_tokens).
+
+    Temperature 0 is greedy decoding; see :func:`decode` for ``halt``/``threshold``/``slide``.
+    """
+    return decode(
+        model,
+        ids,
+        max_new_tokens,
+        loops,
+        halt=halt,
+        threshold=threshold,
+        temperature=temperature,
+        top_k=top_k,
+        use_cache=use_cache,
+        slide=slide,
+        generator=generator,
+    ).tokens

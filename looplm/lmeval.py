@@ -8,17 +8,27 @@
                             tasks=["lambada_openai"])
 
 The class follows lm-eval 0.4's ``LM`` interface (``loglikelihood``, ``loglikelihood_rolling``,
-``generate_until`` over ``Instance.args``); it has not been run inside lm-eval here (the package
-is an optional extra and was not installed). The
-scoring itself lives in plain functions (:func:`loglikelihood`, :func:`loglikelihood_rolling`,
-:func:`generate_until`) that take ``(context, continuation)`` pairs, so they work and are tested
-without lm-eval. Contexts longer than the model's context window are cut from the left;
-rolling log-likelihoods score every token exactly once in disjoint windows (the first token is
-predicted from end-of-text).
+``generate_until`` over ``Instance.args``); ``model_args`` take ``pretrained`` (a checkpoint
+folder), ``loops`` and ``device``. The scoring itself lives in plain functions
+(:func:`loglikelihood`, :func:`loglikelihood_rolling`, :func:`generate_until`) that take
+``(context, continuation)`` pairs, so they work and are tested without lm-eval. Contexts longer
+than the model's context window are cut from the left; rolling log-likelihoods score every token
+exactly once in disjoint windows (the first token is predicted from end-of-text).
+
+**Offline LAMBADA.** :func:`write_lambada_task` writes an lm-eval task YAML (``lambada_local``:
+``lambada_openai``'s prompt, target and metrics, reading a local ``lambada_test.jsonl`` through
+the ``json`` dataset builder) and :func:`evaluate_lambada_local` runs ``lm_eval.simple_evaluate``
+on it with ``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1`` and only that task folder indexed, so
+nothing is downloaded. Tested: the per-example log-likelihoods lm-eval records equal looplm's own
+LAMBADA NLL (:mod:`looplm.evaluate.completion`) on the same passages. One known difference:
+lm-eval's ``lambada_openai`` takes the target after the last *space*, looplm after the last
+whitespace; the two differ on 7 of the 5,153 passages (a newline before the last word, e.g. #426).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,8 +40,9 @@ from looplm.generate import generate
 @torch.no_grad()
 def _score(model, ids: list[int], n_cont: int, loops: int) -> tuple[float, bool]:
     """Σ log p of the last ``n_cont`` tokens of ``ids`` and whether greedy decoding gives them."""
-    x = torch.tensor([ids[:-1]], dtype=torch.long)
-    tgt = torch.tensor(ids[1:], dtype=torch.long)[-n_cont:]
+    dev = model.tok_emb.weight.device
+    x = torch.tensor([ids[:-1]], dtype=torch.long, device=dev)
+    tgt = torch.tensor(ids[1:], dtype=torch.long, device=dev)[-n_cont:]
     logp = F.log_softmax(model(x, loops=loops)[0, -n_cont:].float(), dim=-1)  # (n_cont, V)
     total = float(logp.gather(1, tgt[:, None]).sum())
     return total, bool((logp.argmax(-1) == tgt).all())
@@ -78,11 +89,89 @@ def generate_until(
         ids = tokenizer.encode(context) or [tokenizer.eot_id]
         max_new = max(1, min(max_new, model.config.context - 1))
         ids = ids[-(model.config.context - max_new) :]
-        gen = generate(model, torch.tensor([ids]), max_new, loops=loops)[0, len(ids) :]
+        x = torch.tensor([ids], device=model.tok_emb.weight.device)
+        gen = generate(model, x, max_new, loops=loops)[0, len(ids) :]
         text = tokenizer.decode(gen.tolist())
         cut = min([text.index(u) for u in until if u in text], default=len(text))
         out.append(text[:cut])
     return out
+
+
+LAMBADA_TASK = "lambada_local"
+
+
+def lambada_task(data: str | os.PathLike, name: str = LAMBADA_TASK) -> dict[str, Any]:
+    """lm-eval task config: ``lambada_openai`` (lm-eval 0.4's YAML: prompt = the text up to its
+    last space-separated word, target = " " + that word, perplexity and accuracy) over a local
+    ``lambada_test.jsonl`` (the file or its folder) read by the ``json`` dataset builder."""
+    path = Path(data)
+    if path.is_dir():
+        path = path / "lambada_test.jsonl"
+    if not path.is_file():
+        from looplm.errors import LoopLMError
+
+        raise LoopLMError(f"no LAMBADA file at {path} (expected lambada_test.jsonl)")
+    return {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(path.resolve())}},
+        "output_type": "loglikelihood",
+        "test_split": "test",
+        "doc_to_text": "{{text.split(' ')[:-1]|join(' ')}}",
+        "doc_to_target": "{{' '+text.split(' ')[-1]}}",
+        "metric_list": [
+            {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+        ],
+        "metadata": {"version": 1.0},
+    }
+
+
+def write_lambada_task(
+    folder: str | os.PathLike, data: str | os.PathLike, name: str = LAMBADA_TASK
+) -> Path:
+    """Write :func:`lambada_task` as ``folder/<name>.yaml`` (an lm-eval ``include_path``)."""
+    import yaml
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{name}.yaml"
+    out.write_text(yaml.safe_dump(lambada_task(data, name), sort_keys=False))
+    return out
+
+
+def evaluate_lambada_local(
+    pretrained: str | os.PathLike,
+    data: str | os.PathLike,
+    *,
+    loops: int = 8,
+    limit: int | None = None,
+    task_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """``lm_eval.simple_evaluate`` of the checkpoint ``pretrained`` on the local LAMBADA task,
+    offline; returns lm-eval's result dict (``results``, and ``samples`` with each request's
+    log-likelihood). ``limit`` takes the first n passages."""
+    import tempfile
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(task_dir) if task_dir is not None else Path(tmp)
+        write_lambada_task(folder, data)
+        tm = TaskManager(include_path=str(folder), include_defaults=False)
+        return lm_eval.simple_evaluate(
+            model="looplm",
+            model_args={"pretrained": str(pretrained), "loops": int(loops), "device": device},
+            tasks=[LAMBADA_TASK],
+            task_manager=tm,
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
 
 
 def _register() -> None:
@@ -96,12 +185,15 @@ def _register() -> None:
     class LoopLMEval(LM):
         """lm-eval model: ``pretrained=<checkpoint folder>,loops=<T>``."""
 
-        def __init__(self, pretrained: str, loops: int = 8, **kwargs: Any) -> None:
+        def __init__(
+            self, pretrained: str, loops: int = 8, device: str | None = None, **kwargs: Any
+        ) -> None:
             super().__init__()
             from looplm.checkpoint import load_checkpoint
             from looplm.data import get_tokenizer
 
-            self.model, cfg, _ = load_checkpoint(pretrained)
+            # lm-eval also passes batch_size / max_batch_size: requests are scored one at a time
+            self.model, cfg, _ = load_checkpoint(pretrained, map_location=device or "cpu")
             self.tokenizer = get_tokenizer(cfg.model.tokenizer)
             self.loops = int(loops)
 

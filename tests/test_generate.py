@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import looplm
-from looplm.errors import LoopLMError
 from looplm.generate import KVCache, generate, next_logits
 
 METHODS = [
@@ -39,10 +38,32 @@ def test_cached_logits_and_tokens_match_uncached(name: str) -> None:
     assert a.shape == (2, 19) and torch.equal(a[:, :7], prompt)
 
 
-def test_generation_respects_context() -> None:
-    model = looplm.build_model("tiny", "scse").eval()
-    with pytest.raises(LoopLMError, match="exceeds the context 128"):
-        generate(model, torch.zeros(1, 100, dtype=torch.long), 29)
+@pytest.mark.parametrize("slide", [1, 5])
+def test_generation_slides_the_window_past_the_context(slide: int) -> None:
+    torch.manual_seed(0)
+    model = looplm.build_model("tiny", "scse", context=16, dropout=0.0).eval()
+    prompt = torch.randint(0, 257, (2, 5), generator=torch.Generator().manual_seed(2))
+    out = generate(model, prompt, 40, loops=3, slide=slide)
+    assert out.shape == (2, 45) and torch.equal(out[:, :5], prompt)
+    # Reference: each token from the uncached model over the window the rule says it sees.
+    # slide=1: always the last `context` tokens; slide=k: the window restarts (k − 1 tokens
+    # short of full) whenever it is full.
+    start = 0
+    for n in range(5, 45):
+        if n - start > 16:
+            start = n - (16 - slide + 1)
+        expected = model(out[:, start:n], loops=3)[:, -1].argmax(-1)
+        assert torch.equal(out[:, n], expected), n
+    if slide == 1:
+        assert torch.equal(out, generate(model, prompt, 40, loops=3, use_cache=False))
+
+
+def test_prompt_longer_than_the_context_is_cut_from_the_left() -> None:
+    model = looplm.build_model("tiny", "looped", context=16, dropout=0.0).eval()
+    prompt = torch.randint(0, 257, (1, 30), generator=torch.Generator().manual_seed(4))
+    out = generate(model, prompt, 3, loops=2)
+    assert torch.equal(out[:, :30], prompt)
+    assert torch.equal(out[:, 30], model(prompt[:, -16:], loops=2)[:, -1].argmax(-1))
 
 
 def test_sampling_is_reproducible_with_a_generator() -> None:

@@ -1,4 +1,5 @@
-"""`looplm generate CHECKPOINT --prompt TEXT`: continue a prompt with a KV-cached looped model."""
+"""`looplm generate CHECKPOINT --prompt TEXT`: continue a prompt with a KV-cached looped model,
+at a fixed loop depth or with per-token adaptive depth (``--halt kl|maxtoken --threshold X``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
         help="continue a text prompt (KV cache per loop step; greedy or sampled)",
-        description="Generate from a checkpoint with its own tokenizer at a fixed loop depth.",
+        description="Generate from a checkpoint with its own tokenizer. --loops is the depth T "
+        "(the ceiling with --halt); the prompt always runs T loops, each new token stops early when "
+        "the halting rule says so. Past the model's context the window slides (the last "
+        "context - slide + 1 tokens are re-read).",
     )
     p.add_argument("checkpoint", help="checkpoint folder (e.g. runs/x/ckpt)")
     p.add_argument("--prompt", required=True, help="text to continue")
@@ -20,6 +24,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix each token")
+    p.add_argument(
+        "--halt",
+        choices=["none", "kl", "maxtoken"],
+        default="none",
+        help="per-token halting: kl = KL(p_t||p_t-1) < X, maxtoken = relative hidden update < X",
+    )
+    p.add_argument("--threshold", type=float, default=None, help="halting threshold X (0: never)")
+    p.add_argument(
+        "--slide", type=int, default=1, help="tokens the window advances when the context is full"
+    )
     p.set_defaults(func=run)
 
 
@@ -29,31 +43,42 @@ def run(args: argparse.Namespace) -> int:
     from looplm.checkpoint import load_checkpoint
     from looplm.data import get_tokenizer
     from looplm.errors import LoopLMError
-    from looplm.generate import generate
+    from looplm.generate import decode
     from looplm.model.lm import check_loops
 
     check_loops(args.loops)
     if args.max_new < 1:
         raise LoopLMError(f"--max-new {args.max_new} must be >= 1")
+    if args.halt != "none" and args.threshold is None:
+        raise LoopLMError(f"--halt {args.halt} needs --threshold")
     model, cfg, _ = load_checkpoint(args.checkpoint)
     tok = get_tokenizer(cfg.model.tokenizer)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise LoopLMError("--prompt is empty")
     t0 = time.perf_counter()
-    out = generate(
+    out = decode(
         model,
         ids,
         args.max_new,
         loops=args.loops,
+        halt=args.halt,
+        threshold=args.threshold or 0.0,
         temperature=args.temperature,
         top_k=args.top_k,
         use_cache=not args.no_cache,
+        slide=args.slide,
         generator=torch.Generator().manual_seed(args.seed),
     )
     dt = time.perf_counter() - t0
-    print(tok.decode(out[0].tolist()))
+    print(tok.decode(out.tokens[0].tolist()))
+    depth = f"T={args.loops}"
+    if args.halt != "none":
+        depth = (
+            f"halt={args.halt} threshold={args.threshold:g} ceiling T={args.loops}, "
+            f"mean loops/token {out.mean_loops:.2f}"
+        )
     print(
-        f"[{args.max_new} tokens at T={args.loops} in {dt:.2f} s, cache={'off' if args.no_cache else 'on'}]"
+        f"[{args.max_new} tokens at {depth} in {dt:.2f} s, cache={'off' if args.no_cache else 'on'}]"
     )
     return 0

@@ -43,6 +43,22 @@ class KVCache:
     slots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     length: int = 0
 
+    def append(
+        self, index: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' (k, v) of slot ``index`` after the cached ones; returns all
+        of them. (A subclass may store them differently, e.g. in preallocated buffers.)"""
+        slots = self.slots
+        if index < len(slots):
+            pk, pv = slots[index]
+            k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+            slots[index] = (k, v)
+        elif index == len(slots):
+            slots.append((k, v))
+        else:
+            raise IndexError(f"KV slot {index} used before slot {len(slots)}")
+        return k, v
+
 
 class KVSlot:
     """The cache entry of one block application (slot ``index`` of ``cache``)."""
@@ -52,16 +68,7 @@ class KVSlot:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' (k, v) after the cached ones; returns all of them."""
-        slots = self.cache.slots
-        if self.index < len(slots):
-            pk, pv = slots[self.index]
-            k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-            slots[self.index] = (k, v)
-        elif self.index == len(slots):
-            slots.append((k, v))
-        else:
-            raise IndexError(f"KV slot {self.index} used before slot {len(slots)}")
-        return k, v
+        return self.cache.append(self.index, k, v)
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
@@ -157,6 +164,16 @@ class CausalSelfAttention(nn.Module):
             return self.resid_drop(self.proj(y.reshape(B, -1, d)[real]))  # (N_active, d)
         return self.resid_drop(self.proj(y.reshape(B, L, d)))
 
+    def append_kv(self, x: torch.Tensor, kv: KVSlot) -> None:
+        """Only the keys/values of x (B, L, d), already normalised, appended to ``kv``: what a
+        call with no active row still owes the cache (later tokens attend to these positions)."""
+        B, L, d = x.shape
+        k, v = (self._heads(z) for z in F.linear(x, self.qkv.weight[d:]).split(d, dim=2))
+        if self.rope_base > 0:  # as in forward: keys rotated by their positions
+            past = kv.cache.length
+            k = rope(k, torch.arange(past, past + L, device=x.device), self.rope_base)
+        kv.append(k, v)
+
 
 class SwiGLU(nn.Module):
     """``W_down(silu(W_gate x) * W_up x)``, bias-free."""
@@ -212,6 +229,8 @@ class Block(nn.Module):
             return a + self.mlp(self.norm2(x + a))
         out = torch.zeros_like(x)
         if not bool(active.any()):
+            if kv is not None:  # keys/values only: later positions still attend to these rows
+                self.attn.append_kv(self.norm1(x), kv)
             return out
         a = self.attn(self.norm1(x), kv=kv, active=active, mask=mask)  # (N_active, d)
         out[active] = a + self.mlp(self.norm2(x[active] + a))

@@ -1,0 +1,30 @@
+"""`looplm export CHECKPOINT OUT`: write a Hugging Face ``transformers`` model folder."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a Hugging Face transformers folder (AutoModelForCausalLM, trust_remote_code)",
+        description="Export a checkpoint as config.json + model.safetensors + model code that "
+        "transformers.AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True) loads. "
+        "The code files import looplm: install looplm wherever the folder is loaded.",
+    )
+    p.add_argument("checkpoint", help="checkpoint folder (e.g. runs/x/ckpt)")
+    p.add_argument("out", help="output folder")
+    p.add_argument(
+        "--loops", type=int, default=None, help="default loop depth T (default: train.depth_max)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from looplm.hf import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, loops=args.loops, overwrite=args.overwrite)
+    print(f"exported {args.checkpoint} -> {out}")
+    return 0

@@ -1,0 +1,62 @@
+"""lm-evaluation-harness for real: `lm_eval.simple_evaluate(model="looplm")` on a local LAMBADA
+task (no network), its per-example log-likelihoods checked against looplm's own LAMBADA NLL."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "lm_eval", reason="lm-eval is not installed (pip install 'looplm[lmeval]' or '.[test]')"
+)
+
+from conftest import require_data  # noqa: E402
+
+from looplm.checkpoint import save_checkpoint  # noqa: E402
+from looplm.config import load_config  # noqa: E402
+from looplm.data import get_tokenizer  # noqa: E402
+from looplm.data.corpora import lambada_examples  # noqa: E402
+from looplm.evaluate.completion import lambada_items, lambada_sweep  # noqa: E402
+from looplm.lmeval import LAMBADA_TASK, evaluate_lambada_local, lambada_task  # noqa: E402
+from looplm.model import model_from_config  # noqa: E402
+
+
+def test_lm_eval_on_local_lambada_matches_looplm_nll(tmp_path) -> None:
+    data = require_data("lambada", "lambada_test.jsonl")
+    cfg = load_config("tiny_wt2", ["model.dropout=0.0"])
+    torch.manual_seed(0)
+    model = model_from_config(cfg.model).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    ck = save_checkpoint(tmp_path / "ck", model, cfg)
+    n, T = 6, 3
+    out = evaluate_lambada_local(ck, data, loops=T, limit=n, task_dir=tmp_path / "tasks")
+    samples = sorted(out["samples"][LAMBADA_TASK], key=lambda s: s["doc_id"])
+    assert [s["doc_id"] for s in samples] == list(range(n))
+    examples = lambada_examples(data)[:n]
+    items = lambada_items(examples, get_tokenizer("bytes"), cfg.model.context)
+    greedy_all = []
+    for s, ex, item in zip(samples, examples, items):
+        assert s["target"] == " " + ex.target  # lm-eval's split and looplm's agree
+        ((ll, greedy),) = s["resps"][0]  # one request per passage
+        (row,) = lambada_sweep(model, [item], [T])
+        assert math.isclose(-ll, row["sum_nll"], rel_tol=1e-5, abs_tol=1e-4)
+        assert greedy == (row["exact_word_correct"] == 1)
+        greedy_all.append(greedy)
+    res = out["results"][LAMBADA_TASK]
+    assert res["acc,none"] == pytest.approx(sum(greedy_all) / n)
+    assert res["perplexity,none"] > 1.0
+
+
+def test_lambada_task_reads_the_local_file(tmp_path) -> None:
+    from looplm.errors import LoopLMError
+
+    data = require_data("lambada")
+    cfg = lambada_task(data)
+    assert cfg["dataset_path"] == "json"
+    assert cfg["dataset_kwargs"]["data_files"]["test"].endswith("lambada_test.jsonl")
+    with pytest.raises(LoopLMError, match="no LAMBADA file"):
+        lambada_task(tmp_path)
