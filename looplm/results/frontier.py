@@ -192,3 +192,162 @@ def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: floa
             math.isfinite(share) and share >= 0.5 and abs(float(a.min()) - chance) <= 0.05
         ),
     }
+
+
+def is_frontier_record(rec: EvalRecord) -> bool:
+    """A frontier accuracy row or a propagation row (reported in the frontier section only)."""
+    return difficulty_of(rec) is not None or "propagation" in rec.extra
+
+
+class FrontierSections:
+    """The report builder's frontier section (uses its ``md``, ``json``, ``figures``,
+    ``reference``, ``make_figures`` and ``_unique_slug``)."""
+
+    def _frontier_section(self, recs: list[EvalRecord]) -> None:
+        from looplm.results.tables import md_escape, method_order
+
+        prop = [r for r in recs if "propagation" in r.extra]
+        acc = frontier_records(recs)
+        self.json.setdefault("frontier", [])
+        for (proto, task), grp in sorted(_groups(acc, ("protocol", "dataset")).items()):
+            methods = method_order(sorted({r.method for r in grp}), self.reference)
+            train = _train_range(grp)
+            entry: dict[str, Any] = {"protocol": proto, "task": task, "train_difficulty": train}
+            self.md += [f"## Computational frontier — `{md_escape(task)}`, protocol `{proto}`", ""]
+            if self.make_figures:
+                name = self._unique_slug("frontier", [proto, task])
+                path = Path(self.out_dir) / "figures" / f"{name}.png"
+                if plot_heatmap(grp, methods, path, title=f"{task}: accuracy over T × difficulty",
+                                train_difficulty=train):  # fmt: skip
+                    self.figures.append(path)
+                    entry["figure"] = f"figures/{name}.png"
+                    self.md += [f"![frontier {task}](figures/{name}.png)", ""]
+            self._frontier_best_table(grp, methods, entry)
+            self._frontier_climb(grp, methods, entry)
+            if train:
+                self._frontier_extrapolation(grp, methods, train[1], entry)
+            self.json["frontier"].append(entry)
+        if prop:
+            self._propagation_section(prop)
+
+    def _frontier_best_table(self, grp, methods, entry) -> None:
+        from looplm.results.tables import md_escape
+
+        diffs = sorted({difficulty_of(r) for r in grp})
+        self.md += [
+            "Best accuracy over T (mean over seeds) and the T that reaches it, per difficulty:",
+            "",
+            "| Method | " + " | ".join(f"d={d}" for d in diffs) + " |",
+            "|---|" + "---:|" * len(diffs),
+        ]
+        entry["grid"] = {}
+        for m in methods:
+            ds, depths, mean, std, n = accuracy_grid(grp, m)
+            cells = []
+            for d in diffs:
+                if d not in ds or not np.isfinite(mean[ds.index(d)]).any():
+                    cells.append("–")
+                    continue
+                row = mean[ds.index(d)]
+                j = int(np.nanargmax(row))
+                cells.append(f"{100 * row[j]:.1f} (T={depths[j]})")
+            self.md.append(f"| {md_escape(m)} | " + " | ".join(cells) + " |")
+            entry["grid"][m] = {
+                "difficulties": ds, "depths": depths, "mean": mean.tolist(),
+                "std": std.tolist(), "n_seeds": n,
+            }  # fmt: skip
+        self.md.append("")
+
+    def _frontier_climb(self, grp, methods, entry) -> None:
+        rows = climb_table(grp, methods)
+        entry["climb"] = rows
+        by: dict[str, list[str]] = {}
+        for r in rows:
+            kind = "abrupt" if r["abrupt"] else "gradual"
+            by.setdefault(r["method"], []).append(
+                f"d={r['difficulty']}: {kind} (largest step {100 * r['max_step_share']:.0f}% "
+                f"of the rise, at T={r['max_step_at']:g})"
+            )
+        self.md += ["Climb shape of accuracy vs T (seed means; abrupt = one step carries ≥ 50% "
+                    "of the rise and the curve starts within 5 points of chance):", ""]  # fmt: skip
+        self.md += [f"- `{m}`: " + "; ".join(v) for m, v in by.items()] + [""]
+
+    def _frontier_extrapolation(self, grp, methods, train_max: int, entry) -> None:
+        from looplm.results.tables import md_escape
+
+        ref = self.reference if self.reference in methods else methods[0]
+        base = extrapolation_by_seed(grp, ref, train_max)
+        self.md += [
+            f"Extrapolation: accuracy pooled over difficulties > {train_max} (beyond training) at "
+            f"the deepest evaluated T, per seed; paired Δ = method − `{ref}` (95% t half-width):",
+            "",
+            "| Method | accuracy % | Δ vs reference (pp) | seeds |",
+            "|---|---:|---:|---:|",
+        ]
+        entry["extrapolation"] = {}
+        for m in methods:
+            mine = extrapolation_by_seed(grp, m, train_max)
+            if not mine:
+                continue
+            d = paired_accuracy_delta(mine, base)
+            vals = list(mine.values())
+            sd = np.std(vals, ddof=1) if len(vals) > 1 else math.nan
+            hw = f" ± {100 * d['half_width']:.1f}" if math.isfinite(d["half_width"]) else ""
+            delta = "–" if m == ref else f"{100 * d['delta']:+.1f}{hw}"
+            spread = f" ± {100 * sd:.1f}" if math.isfinite(sd) else ""
+            self.md.append(
+                f"| {md_escape(m)} | {100 * np.mean(vals):.1f}{spread} | {delta} | {len(vals)} |"
+            )
+            entry["extrapolation"][m] = {"per_seed": mine, "paired_vs_reference": d}
+        self.md.append("")
+
+    def _propagation_section(self, prop: list[EvalRecord]) -> None:
+        from looplm.results.tables import md_escape
+
+        self.md += [
+            "## Propagation depth on the adjacency-masked graph task",
+            "",
+            "First loop step from which each reachable query stays correct, against its true "
+            "hop distance from the source (one hop per loop step: it cannot be known earlier).",
+            "",
+            "| Method | seed | queries | Pearson r | Spearman ρ | first step = distance | "
+            "earlier than possible |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        self.json["propagation"] = []
+        pooled: dict[str, dict[str, list]] = {}
+        for r in sorted(prop, key=lambda r: (r.method, r.seed)):
+            s = r.extra["propagation"]
+            self.md.append(
+                f"| {md_escape(r.method)} | {r.seed} | {s['n_reachable_correct']} | "
+                f"{s.get('pearson_r', math.nan):.3f} | {s.get('spearman_rho', math.nan):.3f} | "
+                f"{100 * s['exact']:.1f}% | {100 * s['early']:.1f}% |"
+            )
+            self.json["propagation"].append({"method": r.method, "seed": r.seed, **s})
+            p = pooled.setdefault(r.method, {"distance": [], "first_correct": []})
+            p["distance"] += r.extra["distance"]
+            p["first_correct"] += r.extra["first_correct"]
+        self.md.append("")
+        if self.make_figures:
+            for m, p in pooled.items():
+                name = self._unique_slug("propagation", [m])
+                path = Path(self.out_dir) / "figures" / f"{name}.png"
+                pts = {k: np.asarray(v) for k, v in p.items()}
+                plot_propagation(pts, path, title=f"{m}: first correct step vs hop distance")
+                self.figures.append(path)
+                self.md += [f"![propagation {m}](figures/{name}.png)", ""]
+
+
+def _groups(recs: Sequence[EvalRecord], fields: tuple[str, ...]) -> dict[tuple, list]:
+    out: dict[tuple, list] = {}
+    for r in recs:
+        out.setdefault(tuple(getattr(r, f) for f in fields), []).append(r)
+    return out
+
+
+def _train_range(recs: Sequence[EvalRecord]) -> tuple[int, int] | None:
+    for r in recs:
+        t = r.extra.get("train_difficulty")
+        if t:
+            return int(t[0]), int(t[1])
+    return None

@@ -38,8 +38,14 @@ from typing import Any
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.results.figures import Series, plot_depth_response, plot_scaling
+from looplm.results.frontier import FrontierSections, is_frontier_record
 from looplm.results.report_adaptive import AdaptiveSections
-from looplm.results.scaling import fit_records, is_scaling_record, scaling_points
+from looplm.results.scaling import (
+    bootstrap_records,
+    fit_records,
+    is_scaling_record,
+    scaling_points,
+)
 from looplm.results.stats import (
     DEFAULT_SEEDS,
     EXPANDED_SEEDS,
@@ -67,6 +73,7 @@ from looplm.results.tables import (
 
 CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag", "calibration")
 ADAPTIVE_CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag")
+PHI_BOOT = 200  # bootstrap resamples for φ's interval
 
 
 # --------------------------------------------------------------------------- the report
@@ -81,7 +88,7 @@ class ReportResult:
     incomplete: list[str] = field(default_factory=list)
 
 
-class _Builder(AdaptiveSections):
+class _Builder(AdaptiveSections, FrontierSections):
     def __init__(
         self,
         records: list[EvalRecord],
@@ -156,7 +163,8 @@ class _Builder(AdaptiveSections):
     # -- sections -------------------------------------------------------------------------
     def build(self) -> None:
         scaling = [r for r in self.records if is_scaling_record(r)]
-        rest = [r for r in self.records if not is_scaling_record(r)]
+        frontier = [r for r in self.records if is_frontier_record(r)]
+        rest = [r for r in self.records if not is_scaling_record(r) and not is_frontier_record(r)]
         fixed = [r for r in rest if not r.adaptive_mode]
         adaptive = [r for r in rest if r.adaptive_mode]
         self.md += [
@@ -200,6 +208,8 @@ class _Builder(AdaptiveSections):
             )
         if scaling:
             self._scaling_section(scaling)
+        if frontier:
+            self._frontier_section(frontier)
         if self.incomplete:
             self.md += ["## Incomplete summaries", ""]
             self.md += [f"- {md_escape(x)}" for x in self.incomplete]
@@ -404,10 +414,11 @@ class _Builder(AdaptiveSections):
             "## Recurrence scaling law (the recurrence-equivalence exponent φ)",
             "",
             "L = E + A·(N_once + r^φ·N_rec)^−α + B·D^−β, fitted in log space (Huber, "
-            "multiple starts); L is the token-weighted mean NLL (nats).",
+            "multiple starts); L is the token-weighted mean NLL (nats). φ's interval: 95% "
+            f"percentile bootstrap over {PHI_BOOT} resamples of the sweep points.",
             "",
-            "| Method | context | points | φ | E | A | α | B | β | RMSE(log L) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| Method | context | points | φ | φ 95% CI | E | A | α | B | β | RMSE(log L) |",
+            "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         notes = []
         fields = ("method",) + ADAPTIVE_CONTEXT_FIELDS
@@ -420,12 +431,17 @@ class _Builder(AdaptiveSections):
                 notes.append(f"- `{ctx['method']}` ({ctx_text}): no fit — {exc}")
                 self.json["scaling"].append({"context": ctx, "error": str(exc)})
                 continue
+            try:
+                ci = bootstrap_records(grp, fit=fit, n_boot=PHI_BOOT, seed=self.boot_seed)
+                ci_text, ci_json = f"[{ci.low:.3f}, {ci.high:.3f}]", ci.to_dict()
+            except LoopLMError as exc:
+                ci_text, ci_json = "–", {"error": str(exc)}
             self.md.append(
                 f"| {md_escape(ctx['method'])} | {md_escape(ctx_text)} | {fit.n_points} | "
-                f"**{fit.phi:.3f}** | {fit.E:.3f} | {fit.A:.4g} | {fit.alpha:.3f} | {fit.B:.4g} | "
-                f"{fit.beta:.3f} | {fit.rmse_log:.2g} |"
+                f"**{fit.phi:.3f}** | {ci_text} | {fit.E:.3f} | {fit.A:.4g} | {fit.alpha:.3f} | "
+                f"{fit.B:.4g} | {fit.beta:.3f} | {fit.rmse_log:.2g} |"
             )
-            entry: dict[str, Any] = {"context": ctx, "fit": fit.to_dict()}
+            entry: dict[str, Any] = {"context": ctx, "fit": fit.to_dict(), "phi_interval": ci_json}
             if self.make_figures:
                 slug = self._unique_slug("scaling", ctx.values())
                 path = self.out_dir / "figures" / f"{slug}.png"

@@ -31,6 +31,13 @@ class Sweep:
     split: str
     max_tokens: int | None
     depths: tuple[int, ...]
+    label: str = ""  # added to the eval tag (a kind whose rows must not share fixed's identity)
+
+    def tag(self, job: EvalJob) -> str:
+        from looplm.evaluate.records import eval_tag
+
+        base = job.tag(max_tokens=self.max_tokens)
+        return eval_tag(",".join(x for x in (self.label, base) if x))
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.evaluate.records import fixed_depth_identities
@@ -40,7 +47,7 @@ class Sweep:
             list(self.depths),
             dataset=self.dataset or job.cfg.data.dataset,
             split=self.split,
-            tag=job.tag(max_tokens=self.max_tokens),
+            tag=self.tag(job),
             protocol=job.protocol,
         )
 
@@ -71,7 +78,7 @@ class Sweep:
             job.cfg,
             dataset=dataset,
             split=self.split,
-            tag=job.tag(max_tokens=self.max_tokens),
+            tag=self.tag(job),
             protocol=job.protocol,
             extra=job.extra,
         )

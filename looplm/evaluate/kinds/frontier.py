@@ -1,0 +1,161 @@
+"""The computational frontier on a synthetic task (:mod:`looplm.evaluate.frontier`)::
+
+    frontier: {depths: [1, 2, 4, 8, 16, 32], difficulties: [1, 2, 3, 4, 6, 8], n_examples: 128}
+    propagation: {difficulties: [2, 4, 6, 8], max_loops: 16, n_examples: 64}
+
+``frontier`` writes one accuracy row per (difficulty, T): ``dataset`` = the task, ``split`` =
+``difficulty=<d>``, with the run's training difficulty range in ``extra`` (the report marks it and
+measures extrapolation beyond it). ``propagation`` (node tasks only) writes one row per run:
+``split='propagation'``, ``depth`` = ``max_loops``, the per-query hop distances and first-correct
+steps and their summary in ``extra``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from looplm.errors import LoopLMError
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+
+KEYS = {"depths", "difficulties", "n_examples", "batch_size"}
+PROP_KEYS = {"difficulties", "max_loops", "n_examples", "batch_size"}
+
+
+def _ints(value: Any, where: str) -> list[int]:
+    from looplm.device import depth_list
+
+    return depth_list(value, where)
+
+
+def _task(job: EvalJob) -> str:
+    from looplm.data.synthetic import TASKS
+
+    task = job.cfg.data.dataset
+    if task not in TASKS:
+        raise LoopLMError(
+            f"frontier evaluation needs a synthetic task, not data.dataset={task!r}; "
+            f"allowed: {', '.join(TASKS)}"
+        )
+    return task
+
+
+@register_kind
+class Frontier(EvaluationKind):
+    """Accuracy over thinking steps T × difficulty."""
+
+    name = "frontier"
+    section = "frontier"
+    order = 50
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.depths = _ints(settings["depths"], "frontier.depths")
+        self.difficulties = _ints(settings["difficulties"], "frontier.difficulties")
+        self.n_examples = int(settings.get("n_examples", 128))
+        self.batch_size = settings.get("batch_size")
+
+    @classmethod
+    def configure(cls, evaluate: dict[str, Any]) -> Frontier | None:
+        s = evaluate.get("frontier")
+        if not s:
+            return None
+        check_keys(s, KEYS, "evaluate.frontier")
+        for k in ("depths", "difficulties"):
+            if k not in s:
+                raise LoopLMError(f"evaluate.frontier needs {k}")
+        return cls(s)
+
+    def _tag(self, job: EvalJob) -> str:
+        return job.tag(max_examples=self.n_examples)
+
+    def identities(self, job: EvalJob) -> list[dict[str, Any]]:
+        from looplm.evaluate.records import fixed_depth_identities
+
+        task = _task(job)
+        return [
+            i
+            for d in self.difficulties
+            for i in fixed_depth_identities(
+                job.cfg,
+                self.depths,
+                dataset=task,
+                split=f"difficulty={d}",
+                tag=self._tag(job),
+                protocol=job.protocol,
+            )  # fmt: skip
+        ]
+
+    def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
+        from looplm.evaluate.frontier import frontier_accuracy
+        from looplm.evaluate.records import fixed_depth_records
+
+        want = {(i["split"], i["depth"]) for i in todo}
+        diffs = sorted({int(s.split("=")[1]) for s, _ in want})
+        rows = frontier_accuracy(
+            job.model(), _task(job), self.depths, diffs, n_examples=self.n_examples,
+            batch_size=int(self.batch_size or job.batch_size), device=job.device,
+        )  # fmt: skip
+        extra = {**job.extra, "train_difficulty": list(job.cfg.data.train_difficulty)}
+        out = []
+        for d in diffs:
+            mine = [
+                r for r in rows if r["difficulty"] == d and (f"difficulty={d}", r["depth"]) in want
+            ]
+            out += fixed_depth_records(
+                mine, job.cfg, dataset=_task(job), split=f"difficulty={d}", tag=self._tag(job),
+                protocol=job.protocol, extra=extra,
+            )  # fmt: skip
+        return out
+
+
+@register_kind
+class Propagation(EvaluationKind):
+    """First-correct loop step vs true hop distance on a node task (adjacency attention)."""
+
+    name = "propagation"
+    section = "propagation"
+    order = 55
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.difficulties = _ints(settings["difficulties"], "propagation.difficulties")
+        self.max_loops = int(settings.get("max_loops", 16))
+        self.n_examples = int(settings.get("n_examples", 64))
+        self.batch_size = settings.get("batch_size")
+
+    @classmethod
+    def configure(cls, evaluate: dict[str, Any]) -> Propagation | None:
+        s = evaluate.get("propagation")
+        if not s:
+            return None
+        check_keys(s, PROP_KEYS, "evaluate.propagation")
+        if "difficulties" not in s:
+            raise LoopLMError("evaluate.propagation needs difficulties")
+        return cls(s)
+
+    def identities(self, job: EvalJob) -> list[dict[str, Any]]:
+        from looplm.evaluate.records import fixed_depth_identities
+
+        return fixed_depth_identities(
+            job.cfg, [self.max_loops], dataset=_task(job), split="propagation",
+            tag=job.tag(max_examples=self.n_examples), protocol=job.protocol,
+        )  # fmt: skip
+
+    def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
+        from looplm.evaluate.frontier import propagation_steps, propagation_summary
+        from looplm.evaluate.records import fixed_depth_records
+
+        p = propagation_steps(
+            job.model(), self.difficulties, self.max_loops, task=_task(job),
+            n_examples=self.n_examples, batch_size=int(self.batch_size or job.batch_size),
+            device=job.device,
+        )  # fmt: skip
+        row = {
+            "depth": self.max_loops,
+            "n_tokens": int(p["distance"].size),
+            "sum_nll": 0.0,
+            "propagation": propagation_summary(p),
+            **{k: v.astype(int).tolist() for k, v in p.items()},
+        }
+        return fixed_depth_records(
+            [row], job.cfg, dataset=_task(job), split="propagation",
+            tag=job.tag(max_examples=self.n_examples), protocol=job.protocol, extra=job.extra,
+        )  # fmt: skip

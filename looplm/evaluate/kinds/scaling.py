@@ -1,0 +1,74 @@
+"""Recurrence-scaling points for the φ fit (:mod:`looplm.results.scaling`)::
+
+    scaling: {split: validation, max_tokens: 65536}
+
+One row per run at its training recurrence count r (the run must train at a fixed depth:
+``train.depth_min == train.depth_max == r``), with ``extra`` holding ``n_once``, ``n_rec`` (the
+looped core's parameters; :func:`looplm.accounting.parameter_count`), ``train_tokens`` (steps ×
+global batch rows × context) and ``r``, so ``looplm report`` fits
+``L = E + A (N_once + r^φ N_rec)^−α + B D^−β`` and prints φ with a bootstrap interval.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from looplm.errors import LoopLMError
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.evaluate.kinds.fixed import Sweep
+
+KEYS = {"split", "max_tokens"}
+
+
+def scaling_extra(cfg: Any) -> dict[str, Any]:
+    """``n_once``, ``n_rec``, ``train_tokens`` and ``r`` of a fixed-depth training run."""
+    import torch
+
+    from looplm.model import model_from_config
+
+    t = cfg.train
+    if t.depth_min != t.depth_max:
+        raise LoopLMError(
+            f"scaling points need a fixed training depth r: train.depth_min={t.depth_min} != "
+            f"train.depth_max={t.depth_max}"
+        )
+    with torch.device("meta"):
+        model = model_from_config(cfg.model)
+    n_rec = sum(p.numel() for n, p in model.named_parameters() if n.startswith("block."))
+    rows = t.batch_size * t.grad_accum
+    return {
+        "n_once": model.num_parameters() - n_rec,
+        "n_rec": n_rec,
+        "train_tokens": t.steps * rows * cfg.model.context,
+        "r": t.depth_max,
+    }
+
+
+@register_kind
+class Scaling(EvaluationKind):
+    """Mean NLL at the training depth r, with the φ fit's inputs."""
+
+    name = "scaling"
+    section = "scaling"
+    order = 60
+
+    def __init__(self, split: str, max_tokens: int | None) -> None:
+        self.split, self.max_tokens = split, max_tokens
+
+    @classmethod
+    def configure(cls, evaluate: dict[str, Any]) -> Scaling | None:
+        s = evaluate.get("scaling")
+        if not s:
+            return None
+        check_keys(s, KEYS, "evaluate.scaling")
+        return cls(s.get("split", "validation"), s.get("max_tokens"))
+
+    def _sweep(self, job: EvalJob) -> Sweep:
+        return Sweep(None, self.split, self.max_tokens, (job.cfg.train.depth_max,), "scaling")
+
+    def identities(self, job: EvalJob) -> list[dict[str, Any]]:
+        return self._sweep(job).identities(job)
+
+    def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
+        job.extra.update(scaling_extra(job.cfg))
+        return self._sweep(job).run(job, todo)
