@@ -46,6 +46,7 @@ Config keys (all but ``base``, ``methods`` optional)::
         - {dataset: c4, split: train, max_tokens: 4096, depths: [1, 2, 4, 8, 16, 32, 48]}
       lambada: {path: lambada, max_examples: 200, depths: [1, 2, 4, 8, 16, 32, 48]}
     report: {seeds: default, train_depth_max: 8, allow_incomplete: false, reference: scse}
+    full: {seeds: [0, 1, 2, 3, 4], base: {train: {steps: 1200}}}   # `looplm sweep --full`
 
 ``lambada.path`` is resolved against ``data_dir`` when it is not an existing path.
 """
@@ -70,6 +71,7 @@ from looplm.errors import LoopLMError
 from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys
 
 _TOP_KEYS = {
+    "full",
     "name",
     "out_root",
     "store",
@@ -171,7 +173,7 @@ class Experiment:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _read_yaml(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         cand = Path(__file__).resolve().parent.parent / "configs" / "experiments" / f"{path}.yaml"
@@ -182,7 +184,16 @@ def _read_yaml(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise LoopLMError(f"experiment config {p}: not valid YAML ({exc})") from None
-    return p, check_keys(raw, _TOP_KEYS, "experiment")
+    raw = check_keys(raw, _TOP_KEYS, "experiment")
+    extra = raw.pop("full", None)
+    if full:
+        if not extra:
+            raise LoopLMError(f"experiment config {p} has no 'full' section for --full")
+        # the larger grid: its keys replace (mappings: merge into) the default grid's
+        raw = check_keys(
+            _merge(raw, check_keys(extra, _TOP_KEYS - {"full"}, "full")), _TOP_KEYS, "experiment"
+        )
+    return p, raw
 
 
 def _methods(raw: dict[str, Any], p: Path) -> list[dict[str, Any]]:
@@ -252,9 +263,13 @@ def _evaluate_section(raw: dict[str, Any]) -> dict[str, Any]:
     return ev
 
 
-def load_experiment(path: str | os.PathLike, data_dir: str | None = None) -> Experiment:
-    """Parse and validate an experiment YAML; every run's RunConfig is built (and validated)."""
-    p, raw = _read_yaml(path)
+def load_experiment(
+    path: str | os.PathLike, data_dir: str | None = None, *, full: bool = False
+) -> Experiment:
+    """Parse and validate an experiment YAML; every run's RunConfig is built (and validated).
+
+    ``full``: apply the config's ``full:`` section (a larger grid, e.g. for a GPU) on top."""
+    p, raw = _read_yaml(path, full)
     name = str(raw.get("name") or p.stem)
     out_root = Path(raw.get("out_root") or f"runs/{name}")
     data_dir = data_dir or raw.get("data_dir") or os.environ.get("LOOPLM_DATA_DIR")
@@ -424,6 +439,7 @@ def run_experiment(
     train: bool = True,
     progress: bool | None = None,
     redo: Sequence[str] = (),
+    full: bool = False,
 ) -> dict[str, Any]:
     """Train, evaluate, store and report an experiment grid (resumable; see module docstring).
 
@@ -433,7 +449,7 @@ def run_experiment(
     bad = sorted(set(redo) - set(kinds))
     if bad:
         raise LoopLMError(f"unknown --redo kind {bad[0]!r}; allowed: {', '.join(kinds)}")
-    exp = load_experiment(path, data_dir)
+    exp = load_experiment(path, data_dir, full=full)
     show = progress_enabled(progress)
     n = len(exp.runs)
     summary: dict[str, Any] = {

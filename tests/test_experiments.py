@@ -213,3 +213,21 @@ def test_method_entries_name_a_recurrence_with_its_own_settings(tmp_path) -> Non
     (tmp_path / "u.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(LoopLMError, match="unknown recurrence 'nope'"):
         load_experiment(tmp_path / "u.yaml")
+
+
+def test_full_section_extends_the_default_grid(tmp_path) -> None:
+    path = make_experiment(tmp_path)
+    raw = yaml.safe_load(open(path))
+    raw["full"] = {"seeds": [0, 1, 2], "base": {"train": {"steps": 9}}}
+    (tmp_path / "f.yaml").write_text(yaml.safe_dump(raw))
+    small = load_experiment(tmp_path / "f.yaml")
+    big = load_experiment(tmp_path / "f.yaml", full=True)
+    assert len(small.runs) == 4 and len(big.runs) == 6
+    assert {r.cfg.train.steps for r in big.runs} == {9} and small.runs[0].cfg.train.steps == 4
+    assert big.runs[0].cfg.model.d_model == small.runs[0].cfg.model.d_model  # merged, not replaced
+    with pytest.raises(LoopLMError, match="has no 'full' section"):
+        load_experiment(path, full=True)
+    raw["full"] = {"bogus": 1}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(LoopLMError, match="unknown key full.bogus"):
+        load_experiment(tmp_path / "b.yaml", full=True)

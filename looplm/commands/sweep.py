@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--data-dir", help="folder with local corpora (default: config / $LOOPLM_DATA_DIR)"
     )
     p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    p.add_argument(
+        "--full", action="store_true", help="the config's larger grid (its 'full:' section)"
+    )
     p.add_argument("--no-train", action="store_true", help="evaluate existing checkpoints only")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
     p.add_argument(
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from looplm.experiments import load_experiment, run_experiment, write_experiment_report
 
     if args.report_only:
-        out = write_experiment_report(load_experiment(args.config, args.data_dir))
+        exp = load_experiment(args.config, args.data_dir, full=args.full)
+        out = write_experiment_report(exp)
         print(json.dumps(out, indent=2))
         return 0
     summary = run_experiment(
@@ -53,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         report=not args.no_report,
         train=not args.no_train,
         redo=[k.strip() for k in args.redo.split(",") if k.strip()],
+        full=args.full,
     )
     print(json.dumps(summary, indent=2, default=str))
     if "interrupted" in summary:  # a signal stopped training: the shell's convention
