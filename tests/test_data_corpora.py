@@ -168,7 +168,7 @@ def test_local_formats_and_folders(tmp_path):
         f.write('{"text": "g1"}\n')
     (tmp_path / "d.json").write_text('[{"text": "arr1"}, "arr2"]')
     (tmp_path / "notes.md").write_text("ignored: not a corpus format")
-    assert list(load_documents(str(tmp_path / "a.txt"), "train")) == [
+    assert list(load_documents(str(tmp_path / "a.txt"), "all")) == [
         "para one\nstill one",
         "para two",
     ]
@@ -181,10 +181,22 @@ def test_local_formats_and_folders(tmp_path):
         "arr1",
         "arr2",
     ]
-    assert available_splits("text:" + str(tmp_path)) == ["all"]
-    assert resolve_split("text:" + str(tmp_path), "train").split == "all"
-    with pytest.raises(LoopLMError, match="no validation split|unknown split"):
-        resolve_split("text:" + str(tmp_path), "validation")
+    # no files named by split: the last documents are held out (5%, at least one each)
+    assert available_splits("text:" + str(tmp_path)) == ["train", "validation", "test"]
+    name = "text:" + str(tmp_path)
+    assert list(load_documents(name, "train")) == [
+        "para one\nstill one",
+        "para two",
+        "j1",
+        "j2",
+        "g1",
+    ]
+    assert list(load_documents(name, "valid")) == ["arr1"]
+    assert list(load_documents(name, "test")) == ["arr2"]
+    with pytest.raises(LoopLMError, match="has 2 document"):
+        resolve_split(str(tmp_path / "a.txt"), "train")
+    with pytest.raises(LoopLMError, match="unknown split"):
+        resolve_split(name, "dev2")
 
 
 def test_local_folder_with_split_named_files(tmp_path):
@@ -313,3 +325,36 @@ def test_locate_target_falls_back_when_bpe_merges_across_the_space():
     ex = LambadaExample(text="ab cd", context="ab", target="cd")
     span = locate_target(ex, Merging())
     assert (span.ids, span.start, span.end, span.in_text) == ([2, 3], 1, 2, False)
+
+
+def test_text_split_rule_is_contiguous_and_disjoint():
+    from looplm.data.corpora import text_split_slices
+
+    for n in (3, 10, 19, 20, 21, 400, 1001):
+        sl = text_split_slices(n)
+        tr, va, te = sl["train"], sl["validation"], sl["test"]
+        assert tr[0] == 0 and tr[1] == va[0] and va[1] == te[0] and te[1] == n == sl["all"][1]
+        k = va[1] - va[0]
+        assert k == te[1] - te[0] == max(1, round(0.05 * n)) and tr[1] >= 1
+
+
+def test_training_on_one_text_file_needs_no_split_settings(tmp_path, capsys):
+    from looplm.cli import main
+
+    text = "\n\n".join(
+        f"Scene {i}. Enter a player, who speaks line {i} of the play." for i in range(60)
+    )
+    (tmp_path / "play.txt").write_text(text + "\n")
+    corpus = f"text:{tmp_path / 'play.txt'}"
+    cache = str(tmp_path / "cache")
+    assert main(["data", "prepare", corpus, "--tokenizer", "bytes", "--out", cache]) == 0
+    out = capsys.readouterr().out
+    assert "train:" in out and "validation:" in out and "test:" in out
+    assert "54 documents" in out and out.count(" 3 documents") == 2  # 5% of 60 held out twice
+    args = [
+        "train", "tiny_bool", f"data.dataset={corpus}", f"data.cache_dir={cache}",
+        "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "train.steps=2",
+        "train.batch_size=2", f"out_dir={tmp_path / 'run'}", "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0
+    assert (tmp_path / "run" / "ckpt" / "state.json").is_file()

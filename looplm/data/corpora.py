@@ -34,8 +34,9 @@ Splits are ``train``, ``validation`` (aliases ``valid``, ``val``) and ``test``.
 - LAMBADA: ``test`` only (the OpenAI-preprocessed test set).
 - Generic local text (``text:<path>`` or a path with a supported suffix): if a folder holds files
   named by split (``train``, ``valid``/``validation``/``val``, ``test`` as a ``.``/``_``/``-``
-  separated part of the file name) each split reads its files; otherwise the corpus has one split,
-  ``all`` (``train`` is accepted as a name for it).
+  separated part of the file name) each split reads its files; otherwise the document stream
+  (all files in name order) is split by :func:`text_split_slices`: the last 5% of documents are
+  ``test``, the 5% before them ``validation``, the rest ``train``; ``all`` reads everything.
 """
 
 from __future__ import annotations
@@ -301,6 +302,28 @@ def _resolve_counted(name: str, split: str, path: Path, counts: SplitCounts) -> 
     )
 
 
+TEXT_HOLDOUT = 0.05  # share of a single-stream text corpus held out for validation, and for test
+
+
+def text_split_slices(n_docs: int) -> dict[str, tuple[int, int]]:
+    """Document slices of a text corpus without files named by split: the last 5% of documents
+    (at least one) are ``test``, the 5% before them ``validation``, the rest ``train``; ``all``
+    is everything. In document order, so held-out text follows the training text."""
+    k = max(1, round(TEXT_HOLDOUT * n_docs))
+    if n_docs - 2 * k < 1:
+        raise LoopLMError(
+            f"this text corpus has {n_docs} document(s); holding out validation and test needs at "
+            "least 3 (documents are blocks between blank lines, or JSON lines), or name files "
+            "by split (train/valid/test); use split 'all' to read everything"
+        )
+    return {
+        "train": (0, n_docs - 2 * k),
+        "validation": (n_docs - 2 * k, n_docs - k),
+        "test": (n_docs - k, n_docs),
+        "all": (0, n_docs),
+    }
+
+
 def _resolve_text(raw_path: str, split: str) -> ResolvedSplit:
     path = _existing(raw_path, "text corpus path")
     files = _local_files(path)
@@ -309,23 +332,38 @@ def _resolve_text(raw_path: str, split: str) -> ResolvedSplit:
     canon = canonical_split(split)
     by_split = _by_split(files) if path.is_dir() else {}
     name = f"text:{path}"
+    source = {"kind": "local", "path": str(path)}
     if by_split:
         if canon not in by_split:
             raise _split_error(name, split, sorted(by_split))
         use = by_split[canon]
         rule = {"documents": "per file format", "split": "files named by split"}
-    else:
-        if canon not in ("all", "train"):
-            raise _split_error(name, split, ["all (alias train): no files named by split"])
-        canon, use, rule = "all", files, {"documents": "per file format", "split": "everything"}
+        return ResolvedSplit(
+            name, canon, source, use, rule,
+            lambda: _nonempty(_chain_files(use, _file_docs), str(path)),
+        )  # fmt: skip
+    if canon not in SPLITS + ("all",):
+        raise _split_error(name, split, list(SPLITS) + ["all"])
+    if canon == "all":
+        rule = {"documents": "per file format", "split": "everything"}
+        return ResolvedSplit(
+            name, canon, source, files, rule,
+            lambda: _nonempty(_chain_files(files, _file_docs), str(path)),
+        )  # fmt: skip
+    n_docs = sum(1 for _ in _chain_files(files, _file_docs))
+    if n_docs == 0:
+        raise LoopLMError(f"no documents in {path}")
+    start, stop = text_split_slices(n_docs)[canon]
+    rule = {
+        "documents": "per file format",
+        "split": f"last documents held out ({TEXT_HOLDOUT:g} validation, {TEXT_HOLDOUT:g} test)",
+        "slice": [start, stop],
+    }
     return ResolvedSplit(
-        name,
-        canon,
-        {"kind": "local", "path": str(path)},
-        use,
-        rule,
-        lambda: _nonempty(_chain_files(use, _file_docs), str(path)),
-    )
+        name, canon, source, files, rule,
+        lambda: _nonempty(_slice(_chain_files(files, _file_docs), start, stop), str(path)),
+        expected_documents=stop - start,
+    )  # fmt: skip
 
 
 def _import_datasets():
@@ -407,7 +445,7 @@ def available_splits(name: str, source: str | os.PathLike | None = None) -> list
     if is_local_text(name):
         path = _existing(name.removeprefix("text:"), "text corpus path")
         by_split = _by_split(_local_files(path)) if path.is_dir() else {}
-        return [s for s in SPLITS if s in by_split] if by_split else ["all"]
+        return [s for s in SPLITS if s in by_split] if by_split else list(SPLITS)
     if name == "lambada":
         return ["test"]
     if name in _WIKI_SUFFIX and source is not None:
