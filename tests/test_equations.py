@@ -282,3 +282,25 @@ def test_forcing_subtraction_cancels_only_without_dropout():
         c = m.eval().prepare(torch.randint(0, 257, (2, 12)))
         m.train()
         assert torch.equal(m.step(c.anchor, c, 0), c.anchor)
+
+
+@pytest.mark.parametrize(
+    "settings", [{}, {"learn_gain": True, "injection_gain": 0.15, "step_scale": 0.7}]
+)
+def test_looped_variants_equation_and_learned_gain_gradient(settings):
+    """h_{t+1} = h_t + s·G(h_t + g·e): g = 1 fixed by default, or the learned α (init 0.15)."""
+    model, rec, block, ctx, h = _setup("looped", **settings)
+    g = 1.0 if not settings else float(rec.alpha)
+    s = settings.get("step_scale", 1.0)
+    if settings:
+        assert g == pytest.approx(0.15 + 0.0, abs=0.2)  # perturbed off its init by _setup
+        assert isinstance(rec.alpha, torch.nn.Parameter) and rec.alpha.requires_grad
+    expected = h + s * block(h + g * ctx.e)
+    _close(model.step(h, ctx, 0), expected)
+    if settings:
+        model.train()
+        ids = torch.randint(0, 257, (2, 6), generator=torch.Generator().manual_seed(1))
+        loss = model.loss(ids, ids, loops=3)
+        (grad,) = torch.autograd.grad(loss, [rec.alpha])
+        assert grad.abs() > 0
+        assert any(p is rec.alpha for p in model.recurrence.no_decay_parameters())

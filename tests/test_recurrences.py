@@ -272,7 +272,13 @@ def test_methods_command_lists_every_method(capsys):
     assert _cli(["methods", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     by_name = {(r["name"], r["preset"]): r for r in rows}
-    assert {r["name"] for r in rows} == set(NAMES)
+    assert {r["name"] for r in rows if "settings" not in r} == set(NAMES)
+    alpha = by_name[("looped learn_gain=true injection_gain=0.15", "22m")]
+    assert alpha["recurrence"] == "looped" and alpha["settings"] == {
+        "learn_gain": True,
+        "injection_gain": 0.15,
+    }
+    assert alpha["params"] == by_name[("looped", "22m")]["params"] + 1  # the learned α
     assert by_name[("forcing_subtraction", "22m")]["c_body"] == 2
     assert by_name[("scse", "22m")]["zero_forcing_bias"] is True
     assert by_name[("unshared", "22m-unshared-4x320")]["params"] == 22_679_680

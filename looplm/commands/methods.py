@@ -61,6 +61,21 @@ def method_rows(preset: str) -> list[dict[str, Any]]:
                 "reference": cls.reference,
             }
         )
+        # named settings of the same recurrence (e.g. the two looped baselines)
+        for label, settings, equation, reference in getattr(cls, "variants", ()):
+            rows.append(
+                {
+                    "name": label,
+                    "recurrence": name,
+                    "settings": settings,
+                    "preset": preset,
+                    "c_body": cls.body_calls_per_step,
+                    "zero_forcing_bias": cls.zero_forcing_bias,
+                    "params": parameter_count(preset, name, **settings)["total"],
+                    "equation": equation,
+                    "reference": reference,
+                }
+            )
     n_layers = model_config(preset, UNSHARED).n_layers
     unshared = [(preset, f"ordinary Transformer, {n_layers} distinct layers at {preset}")]
     unshared += [(p, d) for p, d in UNSHARED_PRESETS.items() if p != preset]
@@ -88,7 +103,11 @@ def run_methods(args: argparse.Namespace) -> int:
     print(f"{'method':<22} {'preset':<20} {'c_body':>6}  {'b_t=0':<5} {'parameters':>14}")
     for r in rows:
         b0 = "yes" if r["zero_forcing_bias"] else "no"
-        print(f"{r['name']:<22} {r['preset']:<20} {r['c_body']:>6}  {b0:<5} {r['params']:>14,}")
+        if "settings" in r:  # a named setting of the recurrence above
+            print(f"  {r['name']}")
+            print(f"{'':<22} {r['preset']:<20} {r['c_body']:>6}  {b0:<5} {r['params']:>14,}")
+        else:
+            print(f"{r['name']:<22} {r['preset']:<20} {r['c_body']:>6}  {b0:<5} {r['params']:>14,}")
         print(f"    {r['equation']}")
         print(f"    ref: {r['reference']}")
     return 0
