@@ -57,6 +57,22 @@ def test_frontier_rows_match_a_direct_evaluation_per_depth() -> None:
 
 def test_propagation_steps_respect_distances_and_summary() -> None:
     p = propagation_steps(_graph_model(), [2, 3], 6, n_examples=16, batch_size=8)
+    reach = p["distance"] > 0
+    assert (p["min_step"][reach] == p["distance"][reach]).all()  # one hop per step at 0/1/0
+    torch.manual_seed(0)
+    deep = looplm.build_model(
+        "tiny", "looped", d_model=32, n_heads=2, d_ff=64, dropout=0.0, attention="adjacency",
+        positions="none", core_layers=2, prelude_layers=1,
+    ).eval()  # fmt: skip
+    q = propagation_steps(deep, [4], 4, n_examples=8, batch_size=8)
+    r = q["distance"] > 0
+    assert (q["min_step"][r] == np.ceil((q["distance"][r] - 1) / 2)).all()
+    unshared = looplm.build_model(
+        "tiny", "unshared", n_layers=3, d_model=32, n_heads=2, d_ff=64, dropout=0.0,
+        attention="adjacency", positions="none",
+    ).eval()  # fmt: skip
+    u = propagation_steps(unshared, [2], 3, n_examples=8, batch_size=8)
+    assert u["first_correct"].size > 0
     n = p["distance"].size
     assert n == p["first_correct"].size == p["difficulty"].size > 0
     assert set(np.unique(p["difficulty"])) <= {2, 3}
@@ -79,6 +95,9 @@ def test_climb_shape_separates_abrupt_from_gradual() -> None:
     assert abrupt["abrupt"] and abrupt["max_step_at"] == 8
     assert abrupt["max_step_share"] == pytest.approx(0.47 / 0.49)
     assert not gradual["abrupt"] and gradual["max_step_share"] == pytest.approx(0.25)
+    late = climb_shape(T + [32], [0.5, 0.6, 0.7, 0.8, 0.9, 0.52])  # rises, then falls past training
+    assert not late["abrupt"] and late["max_step_share"] == pytest.approx(0.25)
+    assert late["peak_at"] == 16 and late["drop_after_peak"] == pytest.approx(0.38)
 
 
 def _rec(method, seed, d, T, c, n=100):

@@ -281,3 +281,19 @@ def test_adaptive_depth_and_diagnostics_refuse_coda_models_and_follow_the_mask()
     torch.testing.assert_close(dense, h)  # the halting path uses the graph's mask
     h_mt, _ = maxtoken_forward(graph, b.input_ids, b.targets != -100, 0.0, 5)
     torch.testing.assert_close(h_mt, h)
+
+
+def test_graph_nodes_in_degree_says_nothing_about_the_label() -> None:
+    """A node sees its in-neighbour count after one attention layer; the label must not."""
+    for depth in (2, 4, 8):
+        rng = random.Random(100 + depth)
+        counts = {"Y": [0] * 8, "N": [0] * 8}
+        for _ in range(600):
+            ex = graph_nodes_example(rng, depth)
+            edges, _, _ = _parse(ex.text)
+            for i, a in ex.answers.items():
+                deg = sum(1 for _u, v in edges if v == ex.text[i])
+                counts[a][min(deg, 7)] += 1
+        for deg in range(8):
+            y, n = counts["Y"][deg], counts["N"][deg]
+            assert abs(y - n) <= 4 * (y + n + 1) ** 0.5 + 5, (depth, deg, counts)

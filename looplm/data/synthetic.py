@@ -128,8 +128,9 @@ def graph_nodes_example(rng: random.Random, depth: int, want: bool | None = None
     query: its label is ``Y`` if the source reaches it, else ``N``. The graph has two components
     with the same layered shape: the source's (layers 0 … ``depth``, 1–2 nodes per layer, each node
     of layer i+1 with an edge from layer i and sometimes a second one, never a shortcut) and a decoy
-    one that the source cannot reach; a few edges run from the decoy component into the source's
-    (they change no label). So exactly half the queries are ``Y``, and the deepest reachable node
+    one that the source cannot reach; a few extra edges from the decoy component run into the
+    source's component and, mirrored, into the decoy's own (they change no label, and in-degree
+    has the same distribution for both labels). So exactly half the queries are ``Y``, and the deepest reachable node
     is ``depth`` hops away: the difficulty is the number of propagation steps needed
     (≤ 12; 26 letters).
     """
@@ -151,10 +152,18 @@ def graph_nodes_example(rng: random.Random, depth: int, want: bool | None = None
         comps.append(layers)
     reach, decoy = comps
     decoy_nodes = [v for layer in decoy for v in layer]
-    reach_nodes = [v for layer in reach[1:] for v in layer]
-    for _ in range(rng.randint(0, max(1, depth // 2))):  # decoy → reachable: labels unchanged
-        edges.append((rng.choice(decoy_nodes), rng.choice(reach_nodes)))
-    edges = sorted(set(edges), key=lambda e: rng.random())
+    # Extra in-edges from the decoy component (labels unchanged), added in mirrored pairs: one into
+    # a reachable node and one into the decoy node at the same layer and place, so a node's
+    # in-degree says nothing about its label.
+    for _ in range(rng.randint(0, max(1, depth // 2))):
+        i = rng.randint(1, depth)
+        j = rng.randrange(sizes[i])
+        v, w = reach[i][j], decoy[i][j]
+        u_v = [u for u in decoy_nodes if (u, v) not in edges]
+        u_w = [u for u in decoy_nodes if u != w and (u, w) not in edges]
+        if u_v and u_w:
+            edges += [(rng.choice(u_v), v), (rng.choice(u_w), w)]
+    edges = sorted(edges, key=lambda e: rng.random())
     dist = {v: i for i, layer in enumerate(reach) for v in layer}
     nodes = [v for layer in reach + decoy for v in layer]
     rng.shuffle(nodes)

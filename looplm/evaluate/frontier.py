@@ -90,9 +90,11 @@ def propagation_steps(
     device: str | torch.device = "cpu",
 ) -> dict[str, np.ndarray]:
     """Per query node: its hop ``distance`` from the source (−1: unreachable), the example's
-    ``difficulty``, and ``first_correct``: the first loop step t ∈ 1 … max_loops from which the
+    ``difficulty``, ``first_correct``: the first loop step t ∈ 1 … max_loops from which the
     answer stays correct through ``max_loops`` (0: correct from the initial state on; −1: wrong at
-    ``max_loops``)."""
+    ``max_loops``), and ``min_step``: the first step at which the source's information can have
+    reached the node — ⌈(d − outside) / k⌉ for a k-layer core with ``outside`` prelude + coda
+    layers (d for today's single-block models; :meth:`hops_per_step`)."""
     if task not in NODE_TASKS:
         raise LoopLMError(
             f"propagation steps need a node task ({', '.join(NODE_TASKS)}), not {task!r}"
@@ -116,26 +118,30 @@ def propagation_steps(
             first.append(f)
             dist.append(b.distance[valid.cpu()].numpy())
             diff.append(b.difficulty[valid.cpu()].numpy())
+    k, outside = model.hops_per_step()
+    d = np.concatenate(dist)
     return {
-        "distance": np.concatenate(dist),
+        "distance": d,
         "difficulty": np.concatenate(diff),
         "first_correct": np.concatenate(first),
+        "min_step": np.where(d > 0, np.ceil(np.maximum(d - outside, 0) / k), -1).astype(int),
     }
 
 
 def propagation_summary(p: dict[str, np.ndarray]) -> dict[str, Any]:
     """Correlation of the first-correct step with the true distance over reachable queries that
-    end correct, and how often a query was right before information could have reached it
-    (``first_correct < distance``)."""
+    end correct, how often a query was right before information could have reached it
+    (``first_correct < min_step``) and exactly when it could (``== min_step``)."""
     from scipy.stats import pearsonr, spearmanr
 
     reach = (p["distance"] > 0) & (p["first_correct"] >= 0)
     d, f = p["distance"][reach], p["first_correct"][reach]
+    m = p.get("min_step", p["distance"])[reach]
     out: dict[str, Any] = {
         "n_reachable_correct": int(reach.sum()),
         "n_reachable": int((p["distance"] > 0).sum()),
-        "early": float(np.mean(f < d)) if d.size else math.nan,
-        "exact": float(np.mean(f == d)) if d.size else math.nan,
+        "early": float(np.mean(f < m)) if d.size else math.nan,
+        "exact": float(np.mean(f == m)) if d.size else math.nan,
     }
     if d.size > 2 and np.unique(d).size > 1 and np.unique(f).size > 1:
         out["pearson_r"] = float(pearsonr(d, f)[0])

@@ -83,6 +83,19 @@ class LanguageModelBase(nn.Module):
 
         return adjacency_mask(input_ids)
 
+    def finish(self, h: torch.Tensor, context: LoopContext | None = None, **kw) -> torch.Tensor:
+        """What the readout reads from a state: identity here (a looped model applies its coda)."""
+        return h
+
+    def hops_per_step(self) -> tuple[int, int]:
+        """(hops per loop step, hops outside the loop) of adjacency attention: a k-layer core
+        moves information k hops per step, prelude and coda layers one hop each; an unshared
+        model's layers one hop each (its ``loops`` count layers)."""
+        c = self.config
+        if not c.is_looped:
+            return 1, 0
+        return c.core_layers, c.prelude_layers + c.coda_layers
+
     @staticmethod
     def run_layers(
         layers: nn.ModuleList,

@@ -158,8 +158,14 @@ def plot_propagation(summary_points: dict[str, np.ndarray], path: Path, *, title
         ax.boxplot([f[d == k] for k in ks], positions=ks, widths=0.5, showfliers=False)
         rng = np.random.default_rng(0)
         ax.scatter(d + rng.uniform(-0.18, 0.18, d.size), f, s=4, alpha=0.25, color="C0")
-        lim = [0, max(ks.max(), f.max() if f.size else 1) + 1]
-        ax.plot(lim, lim, color="C3", lw=1.0, ls="--", label="t = d (one hop per step)")
+        m = summary_points.get("min_step")
+        if m is not None:
+            m = np.asarray(m)[keep]
+            ax.plot(ks, [m[d == k].mean() for k in ks], color="C3", lw=1.0, ls="--",
+                    marker="_", label="earliest possible step (hops per step)")  # fmt: skip
+        else:
+            lim = [0, max(ks.max(), f.max() if f.size else 1) + 1]
+            ax.plot(lim, lim, color="C3", lw=1.0, ls="--", label="t = d (one hop per step)")
         ax.set_xticks(ks, [str(int(k)) for k in ks])
         ax.legend(fontsize=7, frameon=False)
     ax.set_xlabel("true shortest-path distance d from the source")
@@ -170,27 +176,30 @@ def plot_propagation(summary_points: dict[str, np.ndarray], path: Path, *, title
 
 
 def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: float = 0.5) -> dict:
-    """Shape of accuracy-vs-T at one difficulty: ``rise`` = final − chance; ``max_step_share`` =
-    the largest gain between consecutive evaluated depths over the whole rise from the lowest
-    accuracy; ``abrupt`` when one step carries ≥ 50% of the rise and the curve starts within 5
-    points of chance."""
+    """Shape of accuracy-vs-T at one difficulty, up to its peak (a later decline — overthinking
+    beyond the trained depths — is reported as ``drop_after_peak``, not as part of the climb):
+    ``rise`` = peak − first accuracy; ``max_step_share`` = the largest gain between consecutive
+    evaluated depths before the peak over that rise; ``abrupt`` when one step carries ≥ 50% of the
+    rise and the curve starts within 5 points of chance."""
     T = np.asarray(depths, dtype=float)
     a = np.asarray(accuracy, dtype=float)
     order = np.argsort(T)
     T, a = T[order], a[order]
-    rise = float(a[-1] - a.min())
-    steps = np.diff(a)
+    peak = int(np.argmax(a))
+    rise = float(a[peak] - a[0])
+    steps = np.diff(a[: peak + 1])
     share = float(steps.max() / rise) if rise > 1e-9 and steps.size else math.nan
     at = float(T[1:][steps.argmax()]) if steps.size else math.nan
     return {
         "start": float(a[0]),
+        "peak": float(a[peak]),
+        "peak_at": float(T[peak]),
         "final": float(a[-1]),
-        "rise": float(a[-1] - chance),
+        "rise": rise,
+        "drop_after_peak": float(a[peak] - a[-1]),
         "max_step_share": share,
         "max_step_at": at,
-        "abrupt": bool(
-            math.isfinite(share) and share >= 0.5 and abs(float(a.min()) - chance) <= 0.05
-        ),
+        "abrupt": bool(math.isfinite(share) and share >= 0.5 and abs(float(a[0]) - chance) <= 0.05),
     }
 
 
@@ -266,7 +275,9 @@ class FrontierSections:
             kind = "abrupt" if r["abrupt"] else "gradual"
             by.setdefault(r["method"], []).append(
                 f"d={r['difficulty']}: {kind} (largest step {100 * r['max_step_share']:.0f}% "
-                f"of the rise, at T={r['max_step_at']:g})"
+                f"of the rise, at T={r['max_step_at']:g}; peak {100 * r['peak']:.0f}% at "
+                f"T={r['peak_at']:g}, {100 * r['drop_after_peak']:.0f} points lower at the "
+                "deepest T)"
             )
         self.md += ["Climb shape of accuracy vs T (seed means; abrupt = one step carries ≥ 50% "
                     "of the rise and the curve starts within 5 points of chance):", ""]  # fmt: skip
@@ -308,7 +319,10 @@ class FrontierSections:
             "## Propagation depth on the adjacency-masked graph task",
             "",
             "First loop step from which each reachable query stays correct, against its true "
-            "hop distance from the source (one hop per loop step: it cannot be known earlier).",
+            "hop distance from the source. Adjacency attention moves information one hop per "
+            "layer, so the earliest possible step is ⌈(d − prelude − coda)/k⌉ for a k-layer core "
+            "(d for a single-block model); 'earlier than possible' counts answers right before "
+            "that (guesses from local structure).",
             "",
             "| Method | seed | queries | Pearson r | Spearman ρ | first step = distance | "
             "earlier than possible |",
@@ -324,9 +338,10 @@ class FrontierSections:
                 f"{100 * s['exact']:.1f}% | {100 * s['early']:.1f}% |"
             )
             self.json["propagation"].append({"method": r.method, "seed": r.seed, **s})
-            p = pooled.setdefault(r.method, {"distance": [], "first_correct": []})
+            p = pooled.setdefault(r.method, {"distance": [], "first_correct": [], "min_step": []})
             p["distance"] += r.extra["distance"]
             p["first_correct"] += r.extra["first_correct"]
+            p["min_step"] += r.extra.get("min_step", r.extra["distance"])
         self.md.append("")
         if self.make_figures:
             for m, p in pooled.items():

@@ -255,6 +255,7 @@ def fit_recurrence_scaling(
     huber_delta: float = 1e-3,
     n_starts: int = 48,
     seed: int = 0,
+    extra_starts: Sequence[dict[str, float]] = (),
 ) -> ScalingFit:
     """Fit ``L = E + A (N_once + r^φ N_rec)^−α + B D^−β`` to sweep points; returns a ScalingFit.
 
@@ -267,7 +268,8 @@ def fit_recurrence_scaling(
         robust: ``"huber"`` (Huber loss on log residuals, scale ``huber_delta``) or ``"linear"``
             (ordinary least squares in log space).
         n_starts: number of deterministic starting points (seeded by ``seed``); the best optimum
-            is kept.
+            is kept. ``extra_starts``: further starting points in natural units (e.g. another
+            fit's parameters), tried first.
 
     Raises LoopLMError for too few points, degenerate designs (one r, one D) or bad values.
     """
@@ -277,6 +279,10 @@ def fit_recurrence_scaling(
     y = arrays[-1]
     prob = _Problem(free, fixed, bnds, *arrays, huber_delta)
     starts = _starts(free, y, n_starts, seed)
+    # given starting points (e.g. the full-data optimum when refitting a bootstrap resample) first
+    warm = [[math.log(v) if p in _LOG_PARAMS else v for p, v in ((p, float(x0[p])) for p in free)]
+            for x0 in extra_starts]  # fmt: skip
+    starts = [np.array(w) for w in warm] + starts
     # Stage 1: plain least squares from every start (cheap). Stage 2 (huber): refine the few
     # best stage-1 optima under the Huber loss, which is slow to converge from far away.
     stage1 = [res for res in (prob.solve(x0, "linear") for x0 in starts) if res is not None]
@@ -397,7 +403,11 @@ def bootstrap_interval(
         idx = rng.integers(0, n, n)
         try:
             f = fit_recurrence_scaling(
-                *(c[idx] for c in cols), n_starts=n_starts, seed=int(rng.integers(2**31)), **kwargs
+                *(c[idx] for c in cols),
+                n_starts=n_starts,
+                seed=int(rng.integers(2**31)),
+                extra_starts=[full.params()],
+                **kwargs,
             )
         except LoopLMError:
             failed += 1

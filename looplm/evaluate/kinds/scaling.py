@@ -4,8 +4,11 @@
 
 One row per run at its training recurrence count r (the run must train at a fixed depth:
 ``train.depth_min == train.depth_max == r``), with ``extra`` holding ``n_once``, ``n_rec`` (the
-looped core's parameters; :func:`looplm.accounting.parameter_count`), ``train_tokens`` (steps ×
-global batch rows × context) and ``r``, so ``looplm report`` fits
+looped core's unique parameters; everything else — embeddings and head, prelude and coda, the
+recurrence's own projections and gains — is ``n_once``; for the φ sweep's methods the in-loop
+recurrence parameters are nil (looped) or a few dozen lane weights (hyper_looped)),
+``train_tokens`` (steps × batch rows × accumulation × context: a single-process run; with
+torchrun multiply by the world size) and ``r``, so ``looplm report`` fits
 ``L = E + A (N_once + r^φ N_rec)^−α + B D^−β`` and prints φ with a bootstrap interval.
 """
 
