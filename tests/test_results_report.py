@@ -222,3 +222,11 @@ def test_results_layer_does_not_import_model_code_or_torch():
                     assert n in ("looplm.errors", "looplm.io") or n.startswith(
                         ("looplm.results", "looplm.commands.report")
                     ), (f.name, n)
+
+
+def test_depth_figure_survives_a_seed_spread_larger_than_the_mean(tmp_path):
+    from looplm.results.figures import Series, plot_depth_response
+
+    s = [Series("a", [1, 2, 4], [900.0, 3.0, 1.2], [2400.0, 1.0, 0.1])]
+    c = plot_depth_response(s, tmp_path / "f.png", train_depth_max=2)
+    assert 0.0 <= c < 1.1 and (tmp_path / "f.png").stat().st_size > 0

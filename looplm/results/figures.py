@@ -102,6 +102,12 @@ class Series:
     x_std: list[float] | None = None
 
 
+def _lower_bar(mean: float, sd: float) -> float:
+    """The lower error bar, at most half the mean: PPL is positive, and a seed spread larger
+    than the mean (one diverged seed) must not push the axis below zero."""
+    return min(sd, 0.5 * mean)
+
+
 def _yrange(series: Sequence[Series]) -> tuple[float, float]:
     lows, highs = [], []
     for s in series:
@@ -109,7 +115,7 @@ def _yrange(series: Sequence[Series]) -> tuple[float, float]:
             if not math.isfinite(m):
                 continue
             sd = sd if math.isfinite(sd) else 0.0
-            lows.append(m - sd)
+            lows.append(m - _lower_bar(m, sd))
             highs.append(m + sd)
     if not lows:
         raise LoopLMError("nothing to plot: no finite values")
@@ -121,8 +127,9 @@ def _curves_with_minima(ax: Any, series: Sequence[Series]) -> None:
     star_done = False
     for s in series:
         std = [sd if math.isfinite(sd) else 0.0 for sd in s.std]
+        low = [_lower_bar(m, sd) if math.isfinite(m) else 0.0 for m, sd in zip(s.mean, std)]
         ax.errorbar(
-            s.x, s.mean, yerr=std, color=s.color, marker="o", ms=4, lw=1.6, capsize=3,
+            s.x, s.mean, yerr=[low, std], color=s.color, marker="o", ms=4, lw=1.6, capsize=3,
             label=s.label, zorder=3,
         )  # fmt: skip
         finite = [(m, x) for m, x in zip(s.mean, s.x) if math.isfinite(m)]
