@@ -268,20 +268,35 @@ class FrontierSections:
         self.md.append("")
 
     def _frontier_climb(self, grp, methods, entry) -> None:
+        from looplm.results.tables import md_escape
+
         rows = climb_table(grp, methods)
         entry["climb"] = rows
-        by: dict[str, list[str]] = {}
-        for r in rows:
-            kind = "abrupt" if r["abrupt"] else "gradual"
-            by.setdefault(r["method"], []).append(
-                f"d={r['difficulty']}: {kind} (largest step {100 * r['max_step_share']:.0f}% "
-                f"of the rise, at T={r['max_step_at']:g}; peak {100 * r['peak']:.0f}% at "
-                f"T={r['peak_at']:g}, {100 * r['drop_after_peak']:.0f} points lower at the "
-                "deepest T)"
-            )
-        self.md += ["Climb shape of accuracy vs T (seed means; abrupt = one step carries ≥ 50% "
-                    "of the rise and the curve starts within 5 points of chance):", ""]  # fmt: skip
-        self.md += [f"- `{m}`: " + "; ".join(v) for m, v in by.items()] + [""]
+        diffs = sorted({r["difficulty"] for r in rows})
+        cell = {(r["method"], r["difficulty"]): r for r in rows}
+        self.md += [
+            "Climb of accuracy with T up to its peak (seed means): *abrupt* when one step between "
+            "evaluated depths carries ≥ 50% of the rise and the curve starts within 5 points of "
+            "chance, else *gradual*; the number is that largest step's share of the rise; "
+            "↓k: the deepest T is k points below the peak.",
+            "",
+            "| Method | " + " | ".join(f"d={d}" for d in diffs) + " |",
+            "|---|" + "---|" * len(diffs),
+        ]
+        for m in methods:
+            out = []
+            for d in diffs:
+                r = cell.get((m, d))
+                if r is None or not math.isfinite(r["max_step_share"]):
+                    out.append("–")
+                    continue
+                kind = "abrupt" if r["abrupt"] else "gradual"
+                drop = round(100 * r["drop_after_peak"])
+                out.append(
+                    f"{kind} {100 * r['max_step_share']:.0f}%" + (f" ↓{drop}" if drop >= 1 else "")
+                )
+            self.md.append(f"| {md_escape(m)} | " + " | ".join(out) + " |")
+        self.md.append("")
 
     def _frontier_extrapolation(self, grp, methods, train_max: int, entry) -> None:
         from looplm.results.tables import md_escape
