@@ -152,6 +152,11 @@ class RunPlan:
         return checkpoint_exists(self.ckpt)
 
     @property
+    def sweep_protocol(self) -> str:
+        """The grid's protocol without this run's variant suffix: one φ fit spans its variants."""
+        return self.protocol.removesuffix(f"-{self.variant}") if self.variant else self.protocol
+
+    @property
     def label(self) -> str:
         v = f"{self.variant}/" if self.variant else ""
         return f"{v}{self.method} seed {self.seed}"
@@ -364,6 +369,7 @@ def evaluate_run(
         evaluate=exp.evaluate,
         data_dir=exp.data_dir,
         progress=progress,
+        sweep_protocol=plan.sweep_protocol,
     )
     written = skipped = 0
     with torch.no_grad():

@@ -105,3 +105,7 @@ def test_scaling_rows_carry_the_fit_inputs(tmp_path) -> None:
     assert len({r.extra["n_once"] for r in pts}) == 1
     assert all(r.extra["train_tokens"] == 2 * 8 * 16 for r in pts)
     assert all(r.eval_tag.startswith("scaling") for r in pts)
+    assert (
+        len({r.protocol for r in pts}) == 3
+    )  # one protocol per training variant, one sweep protocol
+    assert {r.extra["sweep_protocol"] for r in pts} == {pts[0].protocol.rsplit("-", 1)[0]}

@@ -121,3 +121,40 @@ def test_bootstrap_interval_covers_a_simulated_phi(phi):
     wrong = iso_depth_sweep(dict(TRUE, phi=other), noise=0.003, seed=11)
     ci2 = bootstrap_interval(*wrong, n_boot=40, seed=1, robust="linear")
     assert not ci2.low <= phi <= ci2.high  # the interval moves with the data's phi
+
+
+def test_report_fits_one_law_per_method_across_a_sweeps_variants(tmp_path):
+    """A sweep's training variants carry their own protocol (``phi-d32-s100-r1``, …) but one
+    ``sweep_protocol``: the report fits one law over all of them, not one per variant."""
+    import json
+
+    from looplm.results.report import write_report
+    from looplm.results.store import ResultsStore
+
+    r, once, rec, d, loss = iso_depth_sweep(TRUE)
+    store = ResultsStore(tmp_path / "results.sqlite")
+    store.put_many(
+        [
+            EvalRecord(
+                method="looped",
+                model_hash=f"m{i}",
+                protocol=f"isodepth8-v{i}",
+                split="validation",
+                depth=int(ri),
+                seed=0,
+                n_tokens=1000,
+                sum_nll=float(li) * 1000,
+                eval_tag="scaling",
+                extra={"n_once": oi, "n_rec": ni, "train_tokens": di, "r": int(ri)}
+                | {"sweep_protocol": "isodepth8"},
+            )
+            for i, (ri, oi, ni, di, li) in enumerate(zip(r, once, rec, d, loss))
+        ]
+    )
+    write_report(tmp_path / "results.sqlite", tmp_path / "report", reference="looped", seeds=[0])
+    fits = json.loads((tmp_path / "report" / "results.json").read_text())["scaling"]
+    assert len(fits) == 1 and fits[0]["context"]["protocol"] == "isodepth8", fits
+    assert fits[0]["fit"]["n_points"] == len(r)
+    assert fits[0]["fit"]["phi"] == pytest.approx(0.46, abs=0.02)
+    lo, hi = fits[0]["phi_interval"]["low"], fits[0]["phi_interval"]["high"]
+    assert lo - 1e-6 <= 0.46 <= hi + 1e-6

@@ -422,7 +422,12 @@ class _Builder(AdaptiveSections, FrontierSections):
         ]
         notes = []
         fields = ("method",) + ADAPTIVE_CONTEXT_FIELDS
-        for key, grp in sorted(group_by(recs, fields).items()):
+        groups: dict[tuple, list[EvalRecord]] = {}
+        for rec in recs:  # one fit per method over every training variant of a sweep
+            sweep = rec.extra.get("sweep_protocol") or rec.protocol
+            key = (rec.method, sweep, rec.dataset, rec.split, rec.eval_tag)
+            groups.setdefault(key, []).append(rec)
+        for key, grp in sorted(groups.items()):
             ctx = dict(zip(fields, key))
             ctx_text = context_title({k: v for k, v in ctx.items() if k != "method"})
             try:

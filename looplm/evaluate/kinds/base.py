@@ -62,6 +62,7 @@ class EvalJob:
     progress: bool = False
     device: Any = None
     extra: dict[str, Any] = field(default_factory=dict)  # written into every record
+    sweep_protocol: str = ""  # the grid's protocol without a training variant's suffix
     _model: Any = None
 
     def __post_init__(self) -> None:
