@@ -42,6 +42,19 @@ def _prompts(B: int = 3, L: int = 7, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 257, (B, L), generator=torch.Generator().manual_seed(seed))
 
 
+def _decode_stepwise(model, prompt, tokens, T, halting):
+    """Feed ``tokens`` after ``prompt`` one at a time through the cached adaptive step: the
+    logits and the loop depth of each new token."""
+    cache = KVCache()
+    next_logits(model, prompt, T, cache)
+    got, depths = [], []
+    for n in range(prompt.shape[1], tokens.shape[1]):
+        logits, d = adaptive_next_logits(model, tokens[:, n : n + 1], T, cache, halting)
+        got.append(logits)
+        depths.append(d[:, 0])
+    return got, depths
+
+
 def _mixed_threshold(model, prompt, loops: int, rule: str = "kl") -> float:
     """A threshold at which decoded tokens halt at more than one depth (so the test means
     something for this random-weight model): a quantile of the rule's statistic over the prompt's
@@ -106,13 +119,7 @@ def test_cached_adaptive_pass_equals_uncached_per_token_halting(name: str, rule:
     model, prompt = _model(name), _prompts()
     halting = Halting(rule, _mixed_threshold(model, prompt, T, rule))
     tokens = decode(model, prompt, 10, T, halt=rule, threshold=halting.threshold).tokens
-    cache = KVCache()
-    next_logits(model, prompt, T, cache)
-    got, depths = [], []
-    for n in range(prompt.shape[1], tokens.shape[1]):
-        logits, d = adaptive_next_logits(model, tokens[:, n : n + 1], T, cache, halting)
-        got.append(logits)
-        depths.append(d[:, 0])
+    got, depths = _decode_stepwise(model, prompt, tokens, T, halting)
     depth = torch.stack(depths, dim=1)  # (B, n_fed)
     assert len(depth.unique()) >= 2
     target = torch.full(tokens.shape, T, dtype=torch.long)
@@ -159,13 +166,7 @@ def test_keys_values_of_fully_halted_steps_are_what_later_tokens_need(positions:
         model.block.attn.qkv.weight.mul_(8.0)
     halting = Halting("kl", _mixed_threshold(model, prompt, T))
     tokens = decode(model, prompt, 10, T, halt="kl", threshold=halting.threshold).tokens
-    cache = KVCache()
-    next_logits(model, prompt, T, cache)
-    got, depths = [], []
-    for n in range(prompt.shape[1], tokens.shape[1]):
-        logits, d = adaptive_next_logits(model, tokens[:, n : n + 1], T, cache, halting)
-        got.append(logits)
-        depths.append(d[:, 0])
+    got, depths = _decode_stepwise(model, prompt, tokens, T, halting)
     depth = torch.stack(depths, dim=1)
     assert bool((depth[:, :-1] < T).any())  # some token halted early with a later one after it
     target = torch.full(tokens.shape, T, dtype=torch.long)
@@ -221,13 +222,7 @@ def test_adaptive_decoding_on_structural_variants(structure: str) -> None:
     assert torch.equal(decode(model, prompt, 8, T, halt="kl", threshold=0.0).tokens, fixed)
     halting = Halting("kl", _mixed_threshold(model, prompt, T))
     tokens = decode(model, prompt, 10, T, halt="kl", threshold=halting.threshold).tokens
-    cache = KVCache()
-    next_logits(model, prompt, T, cache)
-    got, depths = [], []
-    for n in range(prompt.shape[1], tokens.shape[1]):
-        logits, d = adaptive_next_logits(model, tokens[:, n : n + 1], T, cache, halting)
-        got.append(logits)
-        depths.append(d[:, 0])
+    got, depths = _decode_stepwise(model, prompt, tokens, T, halting)
     target = torch.full(tokens.shape, T, dtype=torch.long)
     target[:, prompt.shape[1] :] = torch.stack(depths, dim=1)
     h, _ = per_token_halting(model, tokens, _ForcedDepth(target), T)
