@@ -188,7 +188,15 @@ def test_cli_report_command(tmp_path, capsys):
         ]
     )
     assert args.func(args) == 0
-    assert "report.md" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "report.md" in out
+    # the paired-delta tables are printed under their context heading; the rest stays in the file
+    assert "### Paired deltas vs `scse`" in out and "\n## " in "\n" + out
+    assert "| looped | 8 | 3 |" in out and "### PPL (mean" not in out
+    args = parser.parse_args(["report", str(store), "--out", str(tmp_path / "q"), "--quiet"])
+    args.seeds, args.no_figures, args.n_boot = "0,1,2", True, 500
+    assert args.func(args) == 0
+    assert "Paired deltas" not in capsys.readouterr().out
     assert (tmp_path / "o" / "results.json").exists()
     args = parser.parse_args(["report", str(store), "--seeds", "0,x"])
     with pytest.raises(LoopLMError, match="bad --seeds"):

@@ -23,8 +23,32 @@ def _parse_seeds(text: str) -> str | list[int]:
     return seeds
 
 
+_PRINTED = ("### Paired deltas", "## Recurrence scaling law")
+
+
+def key_tables(markdown: str) -> str:
+    """The report's paired-delta tables (each under its context heading) and the φ table: the
+    sections ``looplm report`` prints, the rest stays in ``report.md``."""
+    out: list[str] = []
+    context, keep = "", False
+    for line in markdown.splitlines():
+        if line.startswith("## ") or line.startswith("### "):
+            keep = line.startswith(_PRINTED)
+            if line.startswith("## ") and not keep:
+                context = line
+            elif keep:
+                if context and line.startswith("### "):
+                    out += [context, ""]
+                context = ""
+                out.append(line)
+            continue
+        if keep and not line.startswith("!["):
+            out.append(line)
+    return "\n".join(out).strip()
+
+
 def run(args: argparse.Namespace) -> int:
-    """Build the report; prints the paths written."""
+    """Build the report; prints its paired-delta and φ tables and the paths written."""
     from looplm.results.report import write_report
 
     out = Path(args.out) if args.out else Path(args.store).resolve().parent / "report"
@@ -40,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         ppl_shift=args.ppl_shift,
         figures=not args.no_figures,
     )
+    if not args.quiet:
+        tables = key_tables(Path(result.report_md).read_text(encoding="utf-8"))
+        if tables:
+            print(tables + "\n")
     print(f"wrote {result.report_md}")
     print(f"wrote {result.results_json}")
     for fig in result.figures:
@@ -76,4 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--boot-seed", type=int, default=0, help="bootstrap RNG seed (0)")
     p.add_argument("--ppl-shift", type=float, default=None, help="fixed c for log(PPL - c) axes")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    p.add_argument(
+        "--quiet", action="store_true", help="print only the paths written (not the tables)"
+    )
     p.set_defaults(func=run)
