@@ -82,22 +82,28 @@ def test_bad_input_raises_clear_errors():
         fit_recurrence_scaling(r, once, rec, d, loss, robust="cauchy")
 
 
-def test_points_from_store_records():
+def _sweep_records(extra, protocol=lambda i: "isodepth8", **fields):
+    """The simulated sweep of :data:`TRUE` as store records (``extra(i, r)`` adds fields)."""
     r, once, rec, d, loss = iso_depth_sweep(TRUE)
-    records = [
+    return [
         EvalRecord(
             method="looped",
             model_hash=f"m{i}",
-            protocol="isodepth8",
+            protocol=protocol(i),
             depth=int(ri),
             seed=0,
             n_tokens=1000,
             sum_nll=float(li) * 1000,
-            extra={"n_once": oi, "n_rec": ni, "train_tokens": di}
-            | ({"r": int(ri)} if i % 2 else {}),
+            extra={"n_once": oi, "n_rec": ni, "train_tokens": di} | extra(i, ri),
+            **fields,
         )
         for i, (ri, oi, ni, di, li) in enumerate(zip(r, once, rec, d, loss))
     ]
+
+
+def test_points_from_store_records():
+    r, once, rec, d, loss = iso_depth_sweep(TRUE)
+    records = _sweep_records(lambda i, ri: {"r": int(ri)} if i % 2 else {})
     pts = scaling_points(records)
     np.testing.assert_allclose(pts["r"], r)
     np.testing.assert_allclose(pts["loss"], loss, rtol=1e-12)
@@ -131,25 +137,15 @@ def test_report_fits_one_law_per_method_across_a_sweeps_variants(tmp_path):
     from looplm.results.report import write_report
     from looplm.results.store import ResultsStore
 
-    r, once, rec, d, loss = iso_depth_sweep(TRUE)
+    r = iso_depth_sweep(TRUE)[0]
     store = ResultsStore(tmp_path / "results.sqlite")
     store.put_many(
-        [
-            EvalRecord(
-                method="looped",
-                model_hash=f"m{i}",
-                protocol=f"isodepth8-v{i}",
-                split="validation",
-                depth=int(ri),
-                seed=0,
-                n_tokens=1000,
-                sum_nll=float(li) * 1000,
-                eval_tag="scaling",
-                extra={"n_once": oi, "n_rec": ni, "train_tokens": di, "r": int(ri)}
-                | {"sweep_protocol": "isodepth8"},
-            )
-            for i, (ri, oi, ni, di, li) in enumerate(zip(r, once, rec, d, loss))
-        ]
+        _sweep_records(
+            lambda i, ri: {"r": int(ri), "sweep_protocol": "isodepth8"},
+            protocol=lambda i: f"isodepth8-v{i}",
+            split="validation",
+            eval_tag="scaling",
+        )
     )
     write_report(tmp_path / "results.sqlite", tmp_path / "report", reference="looped", seeds=[0])
     fits = json.loads((tmp_path / "report" / "results.json").read_text())["scaling"]

@@ -130,9 +130,9 @@ def graph_nodes_example(rng: random.Random, depth: int, want: bool | None = None
     of layer i+1 with an edge from layer i and sometimes a second one, never a shortcut) and a decoy
     one that the source cannot reach; a few extra edges from the decoy component run into the
     source's component and, mirrored, into the decoy's own (they change no label, and in-degree
-    has the same distribution for both labels). So exactly half the queries are ``Y``, and the deepest reachable node
-    is ``depth`` hops away: the difficulty is the number of propagation steps needed
-    (≤ 12; 26 letters).
+    has the same distribution for both labels). So exactly half the queries are ``Y``, and the
+    deepest reachable node is ``depth`` hops away: the difficulty is the number of propagation
+    steps needed (≤ 12; 26 letters).
     """
     del want  # labels are balanced within each example
     if depth > 12:

@@ -62,7 +62,8 @@ class EvalJob:
     progress: bool = False
     device: Any = None
     extra: dict[str, Any] = field(default_factory=dict)  # written into every record
-    sweep_protocol: str = ""  # the grid's protocol without a training variant's suffix
+    sweep_protocol: str = ""  # the grid's protocol without a training variant's suffix (default:
+    # ``protocol``)
     _model: Any = None
 
     def __post_init__(self) -> None:
@@ -70,6 +71,7 @@ class EvalJob:
 
         self.device = resolve_device(self.device or self.cfg.train.device)
         self.extra = {"checkpoint": str(self.checkpoint), **self.extra}
+        self.sweep_protocol = self.sweep_protocol or self.protocol
 
     @property
     def batch_size(self) -> int:

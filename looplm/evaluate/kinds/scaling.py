@@ -8,9 +8,10 @@ looped core's unique parameters; everything else — embeddings and head, prelud
 recurrence's own projections and gains — is ``n_once``; for the φ sweep's methods the in-loop
 recurrence parameters are nil (looped) or a few dozen lane weights (hyper_looped)),
 ``train_tokens`` (steps × batch rows × accumulation × context: a single-process run; with
-torchrun multiply by the world size), ``r`` and ``sweep_protocol`` (the grid's protocol without the
-training variant's suffix: the report fits one law per method over every variant of a sweep), so ``looplm report`` fits
-``L = E + A (N_once + r^φ N_rec)^−α + B D^−β`` and prints φ with a bootstrap interval.
+torchrun multiply by the world size), ``r`` and ``sweep_protocol`` (the grid's protocol without
+the training variant's suffix: the report fits one law per method over every variant of a sweep),
+so ``looplm report`` fits ``L = E + A (N_once + r^φ N_rec)^−α + B D^−β`` and prints φ with a
+bootstrap interval.
 """
 
 from __future__ import annotations
@@ -74,5 +75,5 @@ class Scaling(EvaluationKind):
         return self._sweep(job).identities(job)
 
     def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
-        job.extra.update(scaling_extra(job.cfg), sweep_protocol=job.sweep_protocol or job.protocol)
+        job.extra.update(scaling_extra(job.cfg), sweep_protocol=job.sweep_protocol)
         return self._sweep(job).run(job, todo)
