@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from looplm.errors import LoopLMError
@@ -64,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit status."""
     args = parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe (``| head``) surfaces here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # The reader went away: stop quietly, as ``cat`` does, and keep Python's exit-time flush
+        # of the same buffer from printing a second traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except LoopLMError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
