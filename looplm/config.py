@@ -252,6 +252,15 @@ class RunConfig:
         self.data.validate()
         self.train.validate()
         self.eval.validate()
+        if self.model.attention == "adjacency":
+            from looplm.data.synthetic import NODE_TASKS
+
+            if self.data.dataset not in NODE_TASKS:
+                raise LoopLMError(
+                    f"model.attention=adjacency reads a graph from the input and needs a node "
+                    f"task (data.dataset: {', '.join(NODE_TASKS)}), not "
+                    f"data.dataset={self.data.dataset!r}"
+                )
         return self
 
     def to_dict(self) -> dict[str, Any]:

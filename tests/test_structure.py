@@ -131,10 +131,54 @@ def test_rope_scores_depend_on_relative_position_only() -> None:
     torch.testing.assert_close(per_ex, rope(q, pos + 3, 10000.0))
 
 
-def test_rope_model_is_invariant_to_where_a_window_starts() -> None:
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_a_shifted_window_gets_the_same_attention_scores_with_rope_only(
+    positions: str, monkeypatch
+) -> None:
+    """The model's own first-layer attention: the scores among a window's tokens are the same
+    whether the window starts at position 0 or after 7 other tokens — with rotary positions;
+    with learned absolute positions they change (so the test can tell the two apart)."""
+    import looplm.model.block as block
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    sdpa = block.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q, k))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(block.F, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    model = looplm.build_model("tiny", "looped", positions=positions, dropout=0.0).double().eval()
+    g = torch.Generator().manual_seed(2)
+    window = torch.randint(0, 256, (2, 10), generator=g)
+    prefix = torch.randint(0, 256, (2, 7), generator=g)
+    with torch.no_grad():
+        model(window, loops=1)
+        model(torch.cat([prefix, window], dim=1), loops=1)
+    (q0, k0), (q1, k1) = seen[0], seen[1]  # first layer of each forward
+    at_zero = q0 @ k0.transpose(-1, -2)
+    shifted = q1[:, :, 7:] @ k1[:, :, 7:].transpose(-1, -2)
+    if positions == "rope":
+        torch.testing.assert_close(shifted, at_zero, atol=1e-10, rtol=1e-10)
+    else:
+        assert not torch.allclose(shifted, at_zero, atol=1e-3)
+
+
+def test_adjacency_attention_needs_a_node_task() -> None:
+    from looplm.config import load_config
+
+    with pytest.raises(
+        LoopLMError, match="model.attention=adjacency .* not data.dataset='bool_logic'"
+    ):
+        load_config("tiny_bool", ["model.attention=adjacency", "model.positions=none"])
+    cfg = load_config("tiny_bool", ["model.attention=adjacency", "data.dataset=graph_nodes"])
+    assert cfg.model.attention == "adjacency"
+
+
+def test_rope_kv_cache_continues_positions() -> None:
     """With rotary positions and no learned positions, a sequence scored after a cached prefix of
-    its own tokens gives the same new-token logits as the KV-cached path (positions continue),
-    and the plain forward does not depend on absolute position tables at all."""
+    its own tokens gives the same new-token logits as the plain forward (positions continue)."""
     from looplm.generate import next_logits
     from looplm.model.block import KVCache
 

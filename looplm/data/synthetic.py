@@ -310,6 +310,22 @@ def make_batch(
     return TaskBatch(x, y, d, h if task in NODE_TASKS else None)
 
 
+def score_answers(
+    model: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor
+) -> tuple[int, int, float]:
+    """(number correct, number of answers, summed NLL) of the final states ``h`` (B, L, D) at the
+    answer positions of ``targets`` (B, L; −100 elsewhere): correct = argmax over the whole
+    vocabulary equals the answer (a model that spreads mass over non-answer tokens is wrong)."""
+    valid = targets != -100
+    logits = model.readout(h[valid]).float()  # (N, V)
+    tgt = targets[valid]
+    return (
+        int((logits.argmax(-1) == tgt).sum()),
+        int(tgt.numel()),
+        float(torch.nn.functional.cross_entropy(logits, tgt, reduction="sum")),
+    )
+
+
 @torch.no_grad()
 def task_accuracy(
     model: torch.nn.Module,
@@ -330,12 +346,8 @@ def task_accuracy(
         batch = make_batch(task, n, difficulty, seed=seed * 7919 + b, max_len=model.config.context)
         x, y = batch.input_ids.to(device), batch.targets.to(device)
         (h,) = model.hidden_states(x, loops)
-        valid = y != -100
-        logits = model.readout(h[valid]).float()  # (N, V)
-        tgt = y[valid]
-        correct += int((logits.argmax(-1) == tgt).sum())
-        total += int(tgt.numel())
-        nll += float(torch.nn.functional.cross_entropy(logits, tgt, reduction="sum"))
+        c, n, s = score_answers(model, h, y)
+        correct, total, nll = correct + c, total + n, nll + s
     return {
         "accuracy": correct / total,
         "n_correct": correct,

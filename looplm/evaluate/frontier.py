@@ -19,11 +19,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from looplm.data.sources import EVAL_SEED_OFFSET
-from looplm.data.synthetic import NODE_TASKS, make_batch
+from looplm.data.synthetic import NODE_TASKS, make_batch, score_answers
 from looplm.errors import LoopLMError
+
+
+def _check_counts(**counts: int) -> None:
+    for name, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise LoopLMError(f"{name}={v!r} must be a positive integer")
 
 
 def _batches(task: str, difficulty: int, n_examples: int, batch_size: int, context: int):
@@ -50,20 +55,17 @@ def frontier_accuracy(
     every query node of a row); correct = argmax over the whole vocabulary equals the answer."""
     if not depths or not difficulties:
         raise LoopLMError("frontier evaluation needs at least one depth and one difficulty")
+    _check_counts(n_examples=n_examples, batch_size=batch_size)
     model.eval()
     rows = []
     for d in sorted({int(x) for x in difficulties}):
         acc: dict[int, list[float]] = {}
         for b in _batches(task, d, n_examples, batch_size, model.config.context):
             x, y = b.input_ids.to(device), b.targets.to(device)
-            valid = y != -100
-            tgt = y[valid]
             for T, h in model.iter_depths(x, list(depths)):
-                logits = model.readout(h[valid]).float()  # (N, V)
                 a = acc.setdefault(T, [0, 0, 0.0])
-                a[0] += int((logits.argmax(-1) == tgt).sum())
-                a[1] += int(tgt.numel())
-                a[2] += float(F.cross_entropy(logits, tgt, reduction="sum"))
+                for j, v in enumerate(score_answers(model, h, y)):
+                    a[j] += v
         for T, (c, n, nll) in sorted(acc.items()):
             rows.append(
                 {
@@ -99,6 +101,15 @@ def propagation_steps(
         raise LoopLMError(
             f"propagation steps need a node task ({', '.join(NODE_TASKS)}), not {task!r}"
         )
+    if model.config.attention != "adjacency":
+        raise LoopLMError(
+            f"propagation steps need model.attention=adjacency (one hop per layer); this model "
+            f"has model.attention={model.config.attention!r}, whose first-correct steps say "
+            "nothing about hop distances"
+        )
+    if not difficulties:
+        raise LoopLMError("propagation steps need at least one difficulty")
+    _check_counts(max_loops=max_loops, n_examples=n_examples, batch_size=batch_size)
     model.eval()
     dist, diff, first = [], [], []
     for d in sorted({int(x) for x in difficulties}):

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from looplm.errors import LoopLMError
 from looplm.results.store import EvalRecord
 
 _SPLIT = re.compile(r"^difficulty=(\d+)$")
@@ -46,9 +47,20 @@ def accuracy_grid(
     depths = sorted({r.depth for r in recs})
     seeds = sorted({r.seed for r in recs})
     cube = np.full((len(seeds), len(diffs), len(depths)), np.nan)
+    seen: dict[tuple[int, int, int], EvalRecord] = {}
     for r in recs:
+        key = (r.seed, difficulty_of(r), r.depth)
+        if key in seen:
+            o = seen[key]
+            raise LoopLMError(
+                f"two frontier rows for method {method!r}, seed {key[0]}, difficulty {key[1]}, "
+                f"T={key[2]} (protocol {r.protocol!r}): model {o.model_hash!r} / eval tag "
+                f"{o.eval_tag!r} and model {r.model_hash!r} / eval tag {r.eval_tag!r}; report "
+                "one protocol per grid (give the runs different protocols or methods)"
+            )
+        seen[key] = r
         acc = r.extra["n_correct"] / max(r.extra["n_examples"], 1)
-        cube[seeds.index(r.seed), diffs.index(difficulty_of(r)), depths.index(r.depth)] = acc
+        cube[seeds.index(r.seed), diffs.index(key[1]), depths.index(r.depth)] = acc
     with np.errstate(invalid="ignore"):
         mean = np.nanmean(cube, axis=0) if len(seeds) else cube[0]
         std = np.nanstd(cube, axis=0, ddof=1) if len(seeds) > 1 else np.full(mean.shape, np.nan)
@@ -93,9 +105,13 @@ def plot_heatmap(
 def climb_table(
     records: Sequence[EvalRecord], methods: Sequence[str], chance: float = 0.5
 ) -> list[dict[str, Any]]:
-    """Climb shape per (method, difficulty) on the seed-mean accuracy curve."""
+    """Climb shape per (method, difficulty) on the seed-mean accuracy curve; fixed-depth methods
+    (:func:`fixed_depth_methods`) have no climb and are left out."""
     out = []
+    fixed = fixed_depth_methods(records)
     for m in methods:
+        if m in fixed:
+            continue
         diffs, depths, mean, _std, n = accuracy_grid(records, m)
         for i, d in enumerate(diffs):
             ok = np.isfinite(mean[i])
@@ -180,7 +196,8 @@ def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: floa
     beyond the trained depths — is reported as ``drop_after_peak``, not as part of the climb):
     ``rise`` = peak − first accuracy; ``max_step_share`` = the largest gain between consecutive
     evaluated depths before the peak over that rise; ``abrupt`` when one step carries ≥ 50% of the
-    rise and the curve starts within 5 points of chance."""
+    rise (else gradual), and separately ``from_chance`` when the curve starts within 5 points of
+    chance — "abrupt from chance" needs both."""
     T = np.asarray(depths, dtype=float)
     a = np.asarray(accuracy, dtype=float)
     order = np.argsort(T)
@@ -199,7 +216,8 @@ def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: floa
         "drop_after_peak": float(a[peak] - a[-1]),
         "max_step_share": share,
         "max_step_at": at,
-        "abrupt": bool(math.isfinite(share) and share >= 0.5 and abs(float(a[0]) - chance) <= 0.05),
+        "abrupt": bool(math.isfinite(share) and share >= 0.5),
+        "from_chance": bool(abs(float(a[0]) - chance) <= 0.05),
     }
 
 
@@ -275,15 +293,16 @@ class FrontierSections:
         diffs = sorted({r["difficulty"] for r in rows})
         cell = {(r["method"], r["difficulty"]): r for r in rows}
         self.md += [
-            "Climb of accuracy with T up to its peak (seed means): *abrupt* when one step between "
-            "evaluated depths carries ≥ 50% of the rise and the curve starts within 5 points of "
-            "chance, else *gradual*; the number is that largest step's share of the rise; "
-            "↓k: the deepest T is k points below the peak.",
+            "Climb of accuracy with T up to its peak (seed means; fixed-depth models left out): "
+            "*abrupt* when one step between evaluated depths carries ≥ 50% of the rise, else "
+            "*gradual*; the number is that largest step's share of the rise; *from chance* when "
+            "the curve starts within 5 points of chance, else *from s%* (its accuracy at the "
+            "smallest T); ↓k: the deepest T is k points below the peak.",
             "",
             "| Method | " + " | ".join(f"d={d}" for d in diffs) + " |",
             "|---|" + "---|" * len(diffs),
         ]
-        for m in methods:
+        for m in [m for m in methods if any(r["method"] == m for r in rows)]:
             out = []
             for d in diffs:
                 r = cell.get((m, d))
@@ -291,9 +310,11 @@ class FrontierSections:
                     out.append("–")
                     continue
                 kind = "abrupt" if r["abrupt"] else "gradual"
+                start = "from chance" if r["from_chance"] else f"from {100 * r['start']:.0f}%"
                 drop = round(100 * r["drop_after_peak"])
                 out.append(
-                    f"{kind} {100 * r['max_step_share']:.0f}%" + (f" ↓{drop}" if drop >= 1 else "")
+                    f"{kind} {100 * r['max_step_share']:.0f}% {start}"
+                    + (f" ↓{drop}" if drop >= 1 else "")
                 )
             self.md.append(f"| {md_escape(m)} | " + " | ".join(out) + " |")
         self.md.append("")
@@ -376,8 +397,17 @@ def _groups(recs: Sequence[EvalRecord], fields: tuple[str, ...]) -> dict[tuple, 
 
 
 def _train_range(recs: Sequence[EvalRecord]) -> tuple[int, int] | None:
-    for r in recs:
-        t = r.extra.get("train_difficulty")
-        if t:
-            return int(t[0]), int(t[1])
-    return None
+    """The training difficulty range shared by ``recs`` (None when no row records one)."""
+    ranges = {(int(t[0]), int(t[1])) for r in recs if (t := r.extra.get("train_difficulty"))}
+    if len(ranges) > 1:
+        raise LoopLMError(
+            f"frontier rows of one protocol and task were trained on different difficulty "
+            f"ranges {sorted(ranges)}; extrapolation needs one (give each range its own protocol)"
+        )
+    return ranges.pop() if ranges else None
+
+
+def fixed_depth_methods(records: Sequence[EvalRecord]) -> set[str]:
+    """Methods whose frontier rows come from a fixed-depth (unshared) model: T beyond its layers
+    changes nothing, so their curve over T is no climb."""
+    return {r.method for r in frontier_records(records) if r.extra.get("fixed_depth")}

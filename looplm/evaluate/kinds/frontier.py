@@ -27,6 +27,14 @@ def _ints(value: Any, where: str) -> list[int]:
     return depth_list(value, where)
 
 
+def _count(settings: dict[str, Any], key: str, default: int | None, where: str) -> int | None:
+    """A positive integer setting (``default`` when absent; None stays None)."""
+    v = settings.get(key, default)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise LoopLMError(f"{where}.{key}={v!r} must be a positive integer")
+    return v
+
+
 def _task(job: EvalJob) -> str:
     from looplm.data.synthetic import TASKS
 
@@ -50,8 +58,8 @@ class Frontier(EvaluationKind):
     def __init__(self, settings: dict[str, Any]) -> None:
         self.depths = _ints(settings["depths"], "frontier.depths")
         self.difficulties = _ints(settings["difficulties"], "frontier.difficulties")
-        self.n_examples = int(settings.get("n_examples", 128))
-        self.batch_size = settings.get("batch_size")
+        self.n_examples = _count(settings, "n_examples", 128, "evaluate.frontier")
+        self.batch_size = _count(settings, "batch_size", None, "evaluate.frontier")
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Frontier | None:
@@ -95,6 +103,8 @@ class Frontier(EvaluationKind):
             batch_size=int(self.batch_size or job.batch_size), device=job.device,
         )  # fmt: skip
         extra = {**job.extra, "train_difficulty": list(job.cfg.data.train_difficulty)}
+        if not job.cfg.model.is_looped:  # T beyond its layers changes nothing: no climb to read
+            extra["fixed_depth"] = job.cfg.model.n_layers
         out = []
         for d in diffs:
             mine = [
@@ -117,9 +127,9 @@ class Propagation(EvaluationKind):
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.difficulties = _ints(settings["difficulties"], "propagation.difficulties")
-        self.max_loops = int(settings.get("max_loops", 16))
-        self.n_examples = int(settings.get("n_examples", 64))
-        self.batch_size = settings.get("batch_size")
+        self.max_loops = _count(settings, "max_loops", 16, "evaluate.propagation")
+        self.n_examples = _count(settings, "n_examples", 64, "evaluate.propagation")
+        self.batch_size = _count(settings, "batch_size", None, "evaluate.propagation")
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Propagation | None:
