@@ -176,6 +176,7 @@ def test_grids_extrapolation_deltas_and_figures(tmp_path) -> None:
     diffs, depths, mean, std, n = accuracy_grid(recs, "gated")
     assert diffs == [1, 2, 6] and depths == [1, 4, 16] and n == 3
     assert mean[2, 2] == pytest.approx(0.95) and mean[2, 1] == pytest.approx(0.5)
+    assert accuracy_grid(recs, "absent")[:2] == ([], [])  # a method without rows: empty grid
     a = extrapolation_by_seed(recs, "gated", above=2)
     b = extrapolation_by_seed(recs, "per_step", above=2)
     delta = paired_accuracy_delta(a, b)

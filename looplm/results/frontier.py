@@ -61,8 +61,10 @@ def accuracy_grid(
         seen[key] = r
         acc = r.extra["n_correct"] / max(r.extra["n_examples"], 1)
         cube[seeds.index(r.seed), diffs.index(key[1]), depths.index(r.depth)] = acc
+    if not seeds:  # no frontier rows for this method
+        return [], [], np.empty((0, 0)), np.empty((0, 0)), 0
     with np.errstate(invalid="ignore"):
-        mean = np.nanmean(cube, axis=0) if len(seeds) else cube[0]
+        mean = np.nanmean(cube, axis=0)
         std = np.nanstd(cube, axis=0, ddof=1) if len(seeds) > 1 else np.full(mean.shape, np.nan)
     return diffs, depths, mean, std, len(seeds)
 
