@@ -330,7 +330,7 @@ class FrontierSections:
             f"Extrapolation: accuracy pooled over difficulties > {train_max} (beyond training) at "
             f"the deepest evaluated T, per seed; paired Δ = method − `{ref}` (95% t half-width):",
             "",
-            "| Method | accuracy % | Δ vs reference (pp) | seeds |",
+            "| Method | accuracy % (mean ± std) | Δ vs reference (pp) | seeds |",
             "|---|---:|---:|---:|",
         ]
         entry["extrapolation"] = {}
