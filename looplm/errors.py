@@ -16,3 +16,9 @@ def check_choice(kind: str, value: object, allowed: list[str] | tuple[str, ...])
     """Raise LoopLMError unless ``value`` is one of ``allowed``."""
     if value not in allowed:
         raise LoopLMError(f"unknown {kind} {value!r}; allowed: {', '.join(map(str, allowed))}")
+
+
+def check_positive_int(name: str, value: object) -> None:
+    """Raise LoopLMError unless ``value`` is an int ≥ 1 (a bool is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LoopLMError(f"{name}={value!r} must be a positive integer")

@@ -22,13 +22,12 @@ import torch
 
 from looplm.data.sources import EVAL_SEED_OFFSET
 from looplm.data.synthetic import NODE_TASKS, make_batch, score_answers
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, check_positive_int
 
 
 def _check_counts(**counts: int) -> None:
     for name, v in counts.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise LoopLMError(f"{name}={v!r} must be a positive integer")
+        check_positive_int(name, v)
 
 
 def _batches(task: str, difficulty: int, n_examples: int, batch_size: int, context: int):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, check_positive_int
 from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
 
 KEYS = {"depths", "difficulties", "n_examples", "batch_size"}
@@ -30,8 +30,8 @@ def _ints(value: Any, where: str) -> list[int]:
 def _count(settings: dict[str, Any], key: str, default: int | None, where: str) -> int | None:
     """A positive integer setting (``default`` when absent; None stays None)."""
     v = settings.get(key, default)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-        raise LoopLMError(f"{where}.{key}={v!r} must be a positive integer")
+    if v is not None:
+        check_positive_int(f"{where}.{key}", v)
     return v
 
 
