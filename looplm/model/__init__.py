@@ -7,7 +7,7 @@ from typing import Any
 
 from looplm.config import ModelConfig, model_config
 from looplm.model.block import Block
-from looplm.model.lm import LanguageModelBase, LoopedLM, LoopOutput
+from looplm.model.lm import LanguageModelBase, LoopedLM, LoopOutput, LoopStep
 from looplm.model.recurrences import recurrence_names
 from looplm.model.unshared import UnsharedLM
 
@@ -48,6 +48,7 @@ def build_model(preset: str, recurrence: str = "scse", **overrides: Any) -> Lang
 __all__ = [
     "Block",
     "LoopOutput",
+    "LoopStep",
     "LoopedLM",
     "UnsharedLM",
     "build_model",

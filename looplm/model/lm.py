@@ -20,6 +20,7 @@ only when asked for (``return_states=True``), so evaluation memory is flat in T.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
 from looplm.model.block import Block, BlockCall, Core, KVCache
 from looplm.model.loss import linear_cross_entropy
-from looplm.model.recurrences import LoopContext, build_recurrence
+from looplm.model.recurrences import LoopContext, Recurrence, build_recurrence
 
 
 @dataclass
@@ -48,10 +49,36 @@ class LoopOutput:
     context: LoopContext | None
 
 
+@dataclass
+class LoopStep:
+    """The loop state after ``t`` steps of one unroll (t = 0 is the initial state)."""
+
+    t: int
+    state: torch.Tensor  # s_t in the recurrence's own coordinates (SCSE: Δ_t)
+    context: LoopContext
+    recurrence: Recurrence | None  # None: the state is the hidden state (unshared layers)
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        """h_t in hidden-state coordinates, before any coda (SCSE: h* + Δ_t)."""
+        if self.recurrence is None:
+            return self.state
+        return self.recurrence.to_hidden(self.state, self.context)
+
+
 def check_loops(loops: int) -> int:
     if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
         raise LoopLMError(f"loops={loops!r}: the loop depth T must be an integer >= 1")
     return loops
+
+
+def check_start(start: int, loops: int, state: torch.Tensor | None) -> int:
+    """The first step of an unroll: 0 … loops, and a later one only from a given state."""
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= loops:
+        raise LoopLMError(f"start={start!r}: the first loop step must lie in 0 … {loops}")
+    if state is None and start != 0:
+        raise LoopLMError(f"start={start}: an unroll from a later step needs its state")
+    return start
 
 
 class LanguageModelBase(nn.Module):
@@ -308,6 +335,42 @@ class LoopedLM(LanguageModelBase):
         return rec.to_hidden(s, context)
 
     # -- the unroll ------------------------------------------------------------------------
+    def unroll(
+        self,
+        context: LoopContext,
+        loops: int,
+        *,
+        state: torch.Tensor | None = None,
+        start: int = 0,
+        core: BlockCall | None = None,
+        truncate_k: int = 0,
+        checkpoint_loops: bool = False,
+    ) -> Iterator[LoopStep]:
+        """The one unroll of the shared core: yields the :class:`LoopStep` of t = start … loops.
+
+        ``state``: the recurrent state at step ``start`` (default: the recurrence's initial state
+        at ``start = 0``), e.g. a perturbed state to continue from. ``core``: a bound core (KV
+        cache, active rows) instead of ``self.core_call(context)``. ``truncate_k`` > 0 runs the
+        first loops − k steps without gradient (truncated backprop); ``checkpoint_loops``
+        recomputes each step in the backward pass. The caller may stop iterating at any step.
+        """
+        check_start(start, check_loops(loops), state)
+        rec = self.recurrence
+        core = core if core is not None else self.core_call(context)
+        s = rec.init_state(context) if state is None else state
+        yield LoopStep(start, s, context, rec)
+        n_free = loops - truncate_k if 0 < truncate_k < loops else 0
+        for t in range(start, loops):
+            if t < n_free:  # truncated backprop: early loops carry no gradient
+                with torch.no_grad():
+                    s = rec.step(core, s, context, t)
+            elif checkpoint_loops and torch.is_grad_enabled():
+                e, anchor = context.e, context.anchor  # passed so checkpoint tracks them
+                s = checkpoint(self._step_state, s, e, anchor, t, context, use_reentrant=False)
+            else:
+                s = rec.step(core, s, context, t)
+            yield LoopStep(t + 1, s, context, rec)
+
     def hidden_states(
         self,
         input_ids: torch.Tensor,
@@ -320,39 +383,22 @@ class LoopedLM(LanguageModelBase):
     ) -> list[torch.Tensor]:
         """[h_T] (or [h_0 … h_T] with ``keep_all``) in hidden coordinates, each passed through
         the coda (so each is what the readout reads)."""
-        check_loops(loops)
-        rec = self.recurrence
         ctx = context if context is not None else self.prepare(input_ids)
-        core = self.core_call(ctx)
-        s = rec.init_state(ctx)
-        out = [self.finish(rec.to_hidden(s, ctx), ctx)] if keep_all else []
-        n_free = loops - truncate_k if 0 < truncate_k < loops else 0
-        for t in range(loops):
-            if t < n_free:  # truncated backprop: early loops carry no gradient
-                with torch.no_grad():
-                    s = rec.step(core, s, ctx, t)
-            elif checkpoint_loops and torch.is_grad_enabled():
-                s = checkpoint(self._step_state, s, ctx.e, ctx.anchor, t, ctx, use_reentrant=False)
-            else:
-                s = rec.step(core, s, ctx, t)
-            if keep_all:
-                out.append(self.finish(rec.to_hidden(s, ctx), ctx))
-        if not keep_all:
-            out.append(self.finish(rec.to_hidden(s, ctx), ctx))
-        return out
+        steps = self.unroll(ctx, loops, truncate_k=truncate_k, checkpoint_loops=checkpoint_loops)
+        if keep_all:
+            return [self.finish(st.hidden, ctx) for st in steps]
+        for last in steps:  # noqa: B007 — only the final state is read
+            pass
+        return [self.finish(last.hidden, ctx)]
 
     def iter_depths(self, input_ids: torch.Tensor, depths: list[int]):
         """Yield ``(T, h_T)`` for each T in sorted ``depths`` from one unroll (cost: max depth);
         h_T has passed through the coda."""
         wanted = sorted({check_loops(int(d)) for d in depths})
-        rec = self.recurrence
         ctx = self.prepare(input_ids)
-        core = self.core_call(ctx)
-        s = rec.init_state(ctx)
-        for t in range(wanted[-1]):
-            s = rec.step(core, s, ctx, t)
-            if t + 1 in wanted:
-                yield t + 1, self.finish(rec.to_hidden(s, ctx), ctx)
+        for st in self.unroll(ctx, wanted[-1]):
+            if st.t in wanted:
+                yield st.t, self.finish(st.hidden, ctx)
 
     def _step_state(self, s, e, anchor, t, ctx):  # e/anchor passed so checkpoint tracks them
         return self.recurrence.step(self.core_call(ctx), s, ctx, t)
@@ -369,12 +415,6 @@ class LoopedLM(LanguageModelBase):
             (h,) = self.hidden_states(input_ids, loops)
             return self.readout(h)
         ctx = self.prepare(input_ids)
-        core = self.core_call(ctx)
-        rec = self.recurrence
-        s = rec.init_state(ctx)
-        states = [rec.to_hidden(s, ctx)]
-        for t in range(check_loops(loops)):
-            s = rec.step(core, s, ctx, t)
-            states.append(rec.to_hidden(s, ctx))
+        states = [st.hidden for st in self.unroll(ctx, loops)]
         logits = self.readout(self.finish(states[-1], ctx))
         return LoopOutput(logits, states, ctx.anchor, ctx)

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from looplm.config import ModelConfig
-from looplm.model.lm import LanguageModelBase, LoopOutput, check_loops
+from looplm.model.lm import LanguageModelBase, LoopOutput, LoopStep, check_loops, check_start
+from looplm.model.recurrences import LoopContext
 
 
 class UnsharedLM(LanguageModelBase):
@@ -28,6 +29,31 @@ class UnsharedLM(LanguageModelBase):
     def active_depth(self, loops: int | None) -> int:
         return len(self.layers) if loops is None else min(check_loops(loops), len(self.layers))
 
+    def prepare(self, input_ids: torch.Tensor) -> LoopContext:
+        """e = P(x) (the layer-0 state) and the attention mask, as a looped model's context."""
+        e = self.embed(input_ids)
+        mask = self.attention_mask(input_ids)
+        return LoopContext(e=e, anchor=e, extra={} if mask is None else {"attn_mask": mask})
+
+    def unroll(
+        self,
+        context: LoopContext,
+        loops: int | None = None,
+        *,
+        state: torch.Tensor | None = None,
+        start: int = 0,
+    ):
+        """The looped model's unroll interface over distinct layers: yields the
+        :class:`~looplm.model.lm.LoopStep` after layers start … min(loops, N) (state = h_i)."""
+        depth = self.active_depth(loops)
+        check_start(start, depth, state)
+        h = context.e if state is None else state
+        mask = context.extra.get("attn_mask")
+        yield LoopStep(start, h, context, None)
+        for i in range(start, depth):
+            h = h + self.layers[i](h, mask=mask)
+            yield LoopStep(i + 1, h, context, None)
+
     def hidden_states(
         self,
         input_ids: torch.Tensor,
@@ -37,26 +63,18 @@ class UnsharedLM(LanguageModelBase):
         truncate_k: int = 0,
         checkpoint_loops: bool = False,
     ) -> list[torch.Tensor]:
-        h = self.embed(input_ids)
-        mask = self.attention_mask(input_ids)
-        out = [h] if keep_all else []
-        for layer in self.layers[: self.active_depth(loops)]:
-            h = h + layer(h, mask=mask)
-            if keep_all:
-                out.append(h)
-        return out if keep_all else [h]
+        out = [st.state for st in self.unroll(self.prepare(input_ids), loops)]
+        return out if keep_all else out[-1:]
 
     def iter_depths(self, input_ids: torch.Tensor, depths: list[int]):
         """Yield ``(T, h)`` for sorted ``depths``; depth T runs the first min(T, N) layers."""
         wanted = sorted({check_loops(int(d)) for d in depths})
-        h = self.embed(input_ids)
-        mask = self.attention_mask(input_ids)
-        done = 0
+        states = self.unroll(self.prepare(input_ids), wanted[-1])
+        st = next(states)
         for T in wanted:
-            for layer in self.layers[done : self.active_depth(T)]:
-                h = h + layer(h, mask=mask)
-            done = self.active_depth(T)
-            yield T, h
+            while st.t < self.active_depth(T):
+                st = next(states)
+            yield T, st.state
 
     def forward(
         self, input_ids: torch.Tensor, loops: int | None = None, return_states: bool = False
