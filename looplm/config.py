@@ -71,7 +71,7 @@ class ModelConfig:
     init_std: float = 0.02
     emb_std: float = 0.02
     init_depth: int = 8
-    # Structural biases (seed 003 (1)): ``positions`` learned (absolute, the paper's) | rope
+    # Structural biases ("Thinking Deeper, Not Longer"): ``positions`` learned (absolute, the paper's) | rope
     # (rotary, relative) | none; ``attention`` causal | adjacency (a token attends only where the
     # input's graph allows — see looplm.data.synthetic.adjacency_mask; not causal).
     positions: str = "learned"

@@ -1,4 +1,5 @@
-"""Synthetic compositional tasks generated on the fly from a seed (seed 003, abstract 1).
+"""Synthetic compositional tasks generated on the fly from a seed (the tasks of "Thinking
+Deeper, Not Longer").
 
 ``bool_logic``: nested boolean expressions over T/F with ``&``, ``|``, ``^`` and ``~`` (each
 node negated with probability 0.1); the difficulty is the nesting depth. Each level combines the

@@ -1,6 +1,6 @@
-"""Gated looped recurrence with LayerScale (seed 003, abstract 1).
+"""Gated looped recurrence with LayerScale ("Thinking Deeper, Not Longer").
 
-The abstract names three ingredients that keep a depth recurrence stable for 20+ steps: the
+The paper's abstract names three ingredients that keep a depth recurrence stable for 20+ steps: the
 silent-thinking objective (``train.objective=final``, the default), LayerScale initialisation and
 "an identity-biased gate that opens a gradient highway across steps". It gives no equation; the
 toolkit's reconstruction is a highway-gated residual step on the looped baseline::
@@ -36,7 +36,8 @@ class GatedConfig:
 
 @register
 class Gated(Recurrence):
-    """LayerScale update through an identity-biased highway gate (seed 003 (1); reconstruction)."""
+    """LayerScale update through an identity-biased highway gate (reconstructed from the abstract
+    of "Thinking Deeper, Not Longer")."""
 
     name = "gated"
     Config = GatedConfig

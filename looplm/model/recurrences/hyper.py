@@ -1,8 +1,9 @@
-"""Hyper-connections across loop steps (seed 003, abstract 3): n parallel residual lanes.
+"""Hyper-connections across loop steps: n parallel residual lanes (default 4).
 
-Static hyper-connections (Zhu et al., "Hyper-Connections") applied to the loop rather than to a
-stack of layers. The recurrent state is a stack of n lanes ``H_t`` of shape (B, n, L, d); one set
-of mixing weights is shared by every loop step (as the block is), so any depth can be evaluated::
+One of the two case studies of "How much is one recurrence worth?". Static hyper-connections (Zhu
+et al., "Hyper-Connections") applied to the loop rather than to a stack of layers. The recurrent
+state is a stack of n lanes ``H_t`` of shape (B, n, L, d); one set of mixing weights is shared by
+every loop step (as the block is), so any depth can be evaluated::
 
     x_t = Σ_i a_i H_t[i]                              read     (a ∈ R^n, init e_0)
     u_t = U(x_t)                                      the base method's block update
