@@ -4,6 +4,7 @@ readable, and the package's lazy attributes work."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,23 @@ def test_files_and_functions_stay_readable():
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
     assert not long, long
+
+
+# A hand-written unroll outside the model: a recurrence stepped, started or read out directly.
+OWN_UNROLL = re.compile(r"\binit_state\(|\b(?:rec|recurrence)\.step\(|\.(?:to|from)_hidden\(")
+# A second per-token halting mechanism: frozen-state merges belong to looplm/model/halting.py.
+OWN_HALTING = re.compile(r"def _?token_mask|class _?KeysValuesOnly|class PreviousReadout")
+
+
+def test_only_the_model_unrolls_the_core_and_halts_tokens():
+    """Every caller runs ``model.unroll`` (with a halting object from looplm.model.halting) instead
+    of its own loop over ``recurrence.step``; per-token halting has one implementation."""
+    found = []
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = f.relative_to(ROOT)
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            if rel.parts[0] != "model" and OWN_UNROLL.search(line):
+                found.append(f"{rel}:{i}: {line.strip()}")
+            if rel != Path("model/halting.py") and OWN_HALTING.search(line):
+                found.append(f"{rel}:{i}: {line.strip()}")
+    assert not found, found

@@ -15,7 +15,6 @@ import torch
 
 from looplm.errors import LoopLMError
 from looplm.model.readout import readout_nll
-from looplm.model.recurrences import LoopContext
 
 DEFAULT_CEILING = 48
 DEFAULT_LABEL_THRESHOLD = 1e-2
@@ -45,13 +44,6 @@ def check_ceiling(ceiling: int) -> int:
     if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling < 1:
         raise LoopLMError(f"ceiling={ceiling!r}: the loop ceiling must be an integer >= 1")
     return ceiling
-
-
-def index_context(ctx: LoopContext, idx: torch.Tensor) -> LoopContext:
-    """The context of the batch rows ``idx`` (every context tensor is batch-first)."""
-    return LoopContext(
-        e=ctx.e[idx], anchor=ctx.anchor[idx], extra={k: v[idx] for k, v in ctx.extra.items()}
-    )
 
 
 def sync(device: torch.device) -> None:

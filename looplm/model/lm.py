@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
 from looplm.model.block import Block, BlockCall, Core, KVCache
+from looplm.model.halting import UnrollHalting
 from looplm.model.loss import linear_cross_entropy
 from looplm.model.recurrences import LoopContext, Recurrence, build_recurrence
 
@@ -57,13 +58,16 @@ class LoopStep:
     state: torch.Tensor  # s_t in the recurrence's own coordinates (SCSE: Δ_t)
     context: LoopContext
     recurrence: Recurrence | None  # None: the state is the hidden state (unshared layers)
+    _hidden: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def hidden(self) -> torch.Tensor:
-        """h_t in hidden-state coordinates, before any coda (SCSE: h* + Δ_t)."""
+        """h_t in hidden-state coordinates, before any coda (SCSE: h* + Δ_t); computed once."""
         if self.recurrence is None:
             return self.state
-        return self.recurrence.to_hidden(self.state, self.context)
+        if self._hidden is None:
+            self._hidden = self.recurrence.to_hidden(self.state, self.context)
+        return self._hidden
 
 
 def check_loops(loops: int) -> int:
@@ -345,6 +349,7 @@ class LoopedLM(LanguageModelBase):
         core: BlockCall | None = None,
         truncate_k: int = 0,
         checkpoint_loops: bool = False,
+        halting: UnrollHalting | None = None,
     ) -> Iterator[LoopStep]:
         """The one unroll of the shared core: yields the :class:`LoopStep` of t = start … loops.
 
@@ -353,23 +358,52 @@ class LoopedLM(LanguageModelBase):
         cache, active rows) instead of ``self.core_call(context)``. ``truncate_k`` > 0 runs the
         first loops − k steps without gradient (truncated backprop); ``checkpoint_loops``
         recomputes each step in the backward pass. The caller may stop iterating at any step.
+
+        ``halting`` (:mod:`looplm.model.halting`) stops tokens or examples early: per token, halted
+        tokens keep their state and the core computes active rows only (once every token has
+        halted the unroll ends, or with a KV cache goes on writing keys/values only); per example,
+        stopped examples leave the batch (later steps carry the remaining rows). Its ``depth``
+        (and ``out`` per example) hold the result once the unroll is done.
         """
         check_start(start, check_loops(loops), state)
         rec = self.recurrence
         core = core if core is not None else self.core_call(context)
         s = rec.init_state(context) if state is None else state
-        yield LoopStep(start, s, context, rec)
+        first = LoopStep(start, s, context, rec)
+        if halting is not None:
+            if getattr(halting, "compacts", False) and core.cache is not None:
+                raise LoopLMError("per-example halting drops rows, which a KV cache cannot follow")
+            halting.start(self, first, loops)
+        yield first
         n_free = loops - truncate_k if 0 < truncate_k < loops else 0
         for t in range(start, loops):
+            if halting is not None:
+                if not halting.running:  # every token halted: frozen from here on
+                    if core.cache is None:
+                        return
+                    halting.keys_values_only(rec, core, s, context, t)  # later tokens read them
+                    yield LoopStep(t + 1, s, context, rec)
+                    continue
+                halting.bind(core)
             if t < n_free:  # truncated backprop: early loops carry no gradient
                 with torch.no_grad():
-                    s = rec.step(core, s, context, t)
+                    new = rec.step(core, s, context, t)
             elif checkpoint_loops and torch.is_grad_enabled():
                 e, anchor = context.e, context.anchor  # passed so checkpoint tracks them
-                s = checkpoint(self._step_state, s, e, anchor, t, context, use_reentrant=False)
+                new = checkpoint(self._step_state, s, e, anchor, t, context, use_reentrant=False)
             else:
-                s = rec.step(core, s, context, t)
-            yield LoopStep(t + 1, s, context, rec)
+                new = rec.step(core, s, context, t)
+            if halting is None:
+                s = new
+                yield LoopStep(t + 1, s, context, rec)
+                continue
+            s = halting.merge(s, new)
+            step = LoopStep(t + 1, s, context, rec)
+            compacted = halting.observe(step, loops)
+            yield step
+            if compacted is not None:  # stopped examples leave the batch
+                s, context = compacted
+                core = self.core_call(context)
 
     def hidden_states(
         self,
