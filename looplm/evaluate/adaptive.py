@@ -2,7 +2,7 @@
 
 All three run one trained shared-block model (``LoopedLM``) and stop the recurrence early; every
 rule runs at least one loop and at most C. Quality is token-weighted NLL → PPL over the scored
-tokens (targets ≠ -100), exactly as the fixed-depth sweep; the achieved **mean active depth** is the
+tokens (targets ≠ ``IGNORE_INDEX``), exactly as the fixed-depth sweep; the achieved **mean active depth** is the
 token-weighted mean number of loops the scored tokens received (for the per-example rule every
 token of an example gets that example's depth; all evaluation windows are full-length except
 possibly the last one, so this equals the per-example mean up to that window).
@@ -91,6 +91,7 @@ from looplm.evaluate.halting import (
     sparse_block_forward,
 )
 from looplm.model.halting import ExampleHalting, max_token_updates, relative_update
+from looplm.targets import IGNORE_INDEX
 
 DEFAULT_BUDGETS = (8, 16, 24)
 DEFAULT_KL_THRESHOLDS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
@@ -130,7 +131,7 @@ def update_trace(
     ups, ns = [], []
     for x, y in tqdm(batches, disable=not progress, desc="trace", leave=False):
         x, y = x.to(device), y.to(device)
-        valid = y != -100
+        valid = y != IGNORE_INDEX
         keep = valid.any(dim=1)
         steps = model.unroll(model.prepare(x), ceiling)
         h_prev = next(steps).hidden
@@ -247,7 +248,7 @@ def evaluate_maxtoken(
     device = torch.device(device)
 
     def once(x, y):
-        h, depth = maxtoken_forward(model, x, y != -100, threshold, ceiling)
+        h, depth = maxtoken_forward(model, x, y != IGNORE_INDEX, threshold, ceiling)
         return nll_rows(model, h, y), depth
 
     desc = f"maxtoken τ={threshold:.3g}"
@@ -255,7 +256,7 @@ def evaluate_maxtoken(
     sum_nll, n_tok, n_correct, depth_tok, n_ex = 0.0, 0, 0, 0, 0
     hist = np.zeros(ceiling + 1, dtype=np.int64)
     for y, ((nll, correct), depth) in outs:
-        n_b = (y != -100).sum(1)
+        n_b = (y != IGNORE_INDEX).sum(1)
         sum_nll += float(nll.sum())
         n_tok += int(n_b.sum())
         n_correct += int(correct.sum())
@@ -410,6 +411,7 @@ class _AdaptiveRun:
         return out
 
 
+# long: the public entry point's many settings, passed through once
 def evaluate_adaptive(
     model: torch.nn.Module,
     cfg,

@@ -36,6 +36,7 @@ from looplm.evaluate.common import (
 )
 from looplm.model.halting import KLHalt, PreviousReadout, TokenHalting
 from looplm.model.readout import readout_kl
+from looplm.targets import IGNORE_INDEX
 
 
 def sparse_block_forward(
@@ -158,7 +159,7 @@ def evaluate_per_token(
     sum_nll, n_tok, n_correct, depth_sum = 0.0, 0, 0, 0
     hist = np.zeros(ceiling + 1, dtype=np.int64)
     for y, ((nll, correct), depth) in outs:
-        valid = y != -100
+        valid = y != IGNORE_INDEX
         sum_nll += float(nll.sum())
         n_tok += int(valid.sum())
         n_correct += int(correct.sum())
@@ -208,7 +209,7 @@ def harvest_router_data(
     feats, labels = [], []
     for x, y in tqdm(batches, disable=not progress, desc="harvest", leave=False):
         x, y = x.to(device), y.to(device)
-        valid = y != -100
+        valid = y != IGNORE_INDEX
         steps = model.unroll(model.prepare(x), max(ceiling - 1, 1))  # decisions at t = 1 … C−1
         prev = PreviousReadout(model, next(steps).hidden[valid])
         for st in steps if ceiling > 1 else ():
