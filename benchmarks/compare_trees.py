@@ -1,6 +1,7 @@
 """Throughput of two looplm source trees, measured alternately: training steps and generation.
 
     python benchmarks/compare_trees.py BEFORE_TREE [AFTER_TREE] [--rounds 8] [--no-write]
+    python benchmarks/compare_trees.py --report benchmarks/compare_trees_last.json
 
 Each round runs one fresh worker process per tree (imports come from that tree only), the order
 alternating between rounds, so that load from other work on a shared machine hits both trees
@@ -163,14 +164,27 @@ def _rev(tree: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("before", help="source tree measured as 'before'")
+    ap.add_argument("before", nargs="?", help="source tree measured as 'before'")
     ap.add_argument("after", nargs="?", default=str(HERE.parent), help="default: this tree")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3, help="timed training steps per round")
     ap.add_argument("--repeats", type=int, default=3, help="generation calls per mode and round")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    ap.add_argument("--report", metavar="JSON", help="write the section of a saved run's JSON")
     args = ap.parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        sys.path.insert(0, str(HERE))
+        from _results import update_section
+
+        text = report(saved["trees"], saved["rounds"], saved["meta"])
+        print(text)
+        if not args.no_write:
+            update_section("compare_trees", text)
+        return 0
+    if not args.before:
+        ap.error("the 'before' source tree is required")
     if args.worker:
         print(json.dumps(worker(args.before, args.steps, args.repeats)))
         return 0
