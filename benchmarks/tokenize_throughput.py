@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from looplm.data.cache import prepare, sample_windows
+    from looplm.data.cache import prepare
     from looplm.data.corpora import load_documents
+    from looplm.data.sources import sample_windows
     from looplm.data.tokenizers import get_tokenizer
 
     src = Path(args.data_dir) / "wikitext-2"

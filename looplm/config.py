@@ -40,6 +40,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 INIT_SCHEMES = ("normal", "depth_scaled")
 POSITIONS = ("learned", "rope", "none")
 ATTENTIONS = ("causal", "adjacency")
+# Synthetic tasks with one answer per graph node, whose rows carry the graph that
+# ``attention=adjacency`` reads (looplm.data.synthetic generates them).
+NODE_TASKS = ("graph_nodes",)
 UNSHARED = "unshared"  # the ordinary N-layer Transformer: no shared block, no recurrence
 
 
@@ -73,7 +76,7 @@ class ModelConfig:
     init_depth: int = 8
     # Structural biases ("Thinking Deeper, Not Longer"): ``positions`` learned (absolute, the paper's) | rope
     # (rotary, relative) | none; ``attention`` causal | adjacency (a token attends only where the
-    # input's graph allows — see looplm.data.synthetic.adjacency_mask; not causal).
+    # input's graph allows — see looplm.model.masks.adjacency_mask; not causal).
     positions: str = "learned"
     rope_base: float = 10000.0
     attention: str = "causal"
@@ -253,8 +256,6 @@ class RunConfig:
         self.train.validate()
         self.eval.validate()
         if self.model.attention == "adjacency":
-            from looplm.data.synthetic import NODE_TASKS
-
             if self.data.dataset not in NODE_TASKS:
                 raise LoopLMError(
                     f"model.attention=adjacency reads a graph from the input and needs a node "

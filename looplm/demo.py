@@ -55,6 +55,7 @@ def above_chance_pvalue(n_correct: int, n: int, chance: float = 0.5) -> float:
     return float(binomtest(n_correct, n, chance, alternative="greater").pvalue)
 
 
+# long: the demo's script: train, sweep, test and report each method in order
 def run_demo(
     out_dir: str = "demo_out",
     quick: bool = False,

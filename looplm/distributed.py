@@ -72,12 +72,6 @@ def cleanup(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-def print0(*args: object, info: DistInfo | None = None, **kw: object) -> None:
-    """print on rank 0 only."""
-    if info is None or info.is_main:
-        print(*args, **kw)  # noqa: T201
-
-
 # ----------------------------------------------------------------------------- wrapping
 class LossModule(nn.Module):
     """``forward(x, y, **kw)`` = ``inner.loss(x, y, **kw)``: what DDP/FSDP (and compile) wrap.

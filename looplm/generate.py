@@ -14,10 +14,10 @@ continue from the prompt. :func:`decode` keeps the slots in preallocated buffers
 t < T a halting rule looks at each still-active token of the batch:
 
 * ``kl``: halt when ``KL(p_t ‖ p_{t−1}) < threshold`` with ``p_t = softmax(readout(h_t))`` and
-  ``p_0`` the readout of the initial state — :class:`looplm.evaluate.adaptive.KLHalt`, the rule
+  ``p_0`` the readout of the initial state — :class:`looplm.model.halting.KLHalt`, the rule
   the adaptive evaluation uses;
 * ``maxtoken``: halt when the relative hidden update ``‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ < threshold``
-  (:func:`looplm.evaluate.adaptive.relative_update`; with one new token per prompt the paper's
+  (:class:`looplm.model.halting.UpdateHalt`; with one new token per prompt the paper's
   per-example max over tokens is this token's value).
 
 A halted token's recurrent state is **frozen** and its logits are read out from it. Halted rows
@@ -28,7 +28,8 @@ builds from the token's frozen state at that step (with the block's update taken
 projection only. For SCSE the block input is the frozen deviation itself, so every skipped slot
 gets the keys/values of the last state. This is the rule the per-token halting evaluation uses
 (halted tokens stay visible to later tokens), so tokens decoded later attend to halted tokens
-exactly as in :func:`looplm.evaluate.adaptive.per_token_halting`. When every row has halted the
+exactly as in :func:`looplm.evaluate.adaptive.per_token_halting` — both run the model's unroll with
+the same :class:`looplm.model.halting.TokenHalting`. When every row has halted the
 remaining steps do only that K/V work, and a slot whose block input equals the previous step's
 (SCSE's frozen deviation) gets those keys/values copied, not recomputed. Threshold 0 never halts
 (a rounding-negative KL cannot stop a token), and the pass is then the fixed-depth pass operation
@@ -56,12 +57,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from looplm.errors import LoopLMError
-from looplm.evaluate.adaptive import KLHalt, relative_update
 from looplm.model.block import KVCache
+from looplm.model.halting import KLHalt, TokenHalting, UpdateHalt
 
 __all__ = [
     "HALT_RULES",
@@ -180,13 +180,11 @@ def _cached_context(model: nn.Module, ids: torch.Tensor, cache: KVCache):
 def cached_hidden(model: nn.Module, ids: torch.Tensor, loops: int, cache: KVCache) -> torch.Tensor:
     """What the readout reads (B, L, d) for the new tokens ``ids`` (B, L) at positions
     ``cache.length …``: they attend to the cached positions and append their own keys/values."""
-    rec = model.recurrence
     ctx = _cached_context(model, ids, cache)
     core = model.core_call(ctx, cache=cache)
-    s = rec.init_state(ctx)
-    for t in range(loops):
-        s = rec.step(core, s, ctx, t)
-    h = model.finish(rec.to_hidden(s, ctx), ctx, cache=cache, first_slot=core.slot)
+    for last in model.unroll(ctx, loops, core=core):  # noqa: B007 — only h_T is read
+        pass
+    h = model.finish(last.hidden, ctx, cache=cache, first_slot=core.slot)
     cache.length += ids.shape[1]
     return h
 
@@ -199,12 +197,6 @@ def next_logits(
     if cache is None:
         return model(ids, loops=loops)[:, -1]
     return model.readout(cached_hidden(model, ids, loops, cache)[:, -1])
-
-
-def _token_mask(state: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-    """(B, L) token mask → broadcastable over a state shaped (B, …, L, d)."""
-    B, L = active.shape
-    return active.view(B, *([1] * (state.dim() - 3)), L, 1)
 
 
 @torch.no_grad()
@@ -226,82 +218,19 @@ def adaptive_next_logits(
             f"(model.coda_layers={len(model.coda)}) cannot do without running the coda each step; "
             "use halt=maxtoken"
         )
-    rec = model.recurrence
     B, L = ids.shape
     ctx = _cached_context(model, ids, cache)
     core = model.core_call(ctx, cache=cache)  # one binding: the slots follow the block calls
-    s = rec.init_state(ctx)
-    active = torch.ones(B, L, dtype=torch.bool, device=ids.device)
-    depth = torch.full((B, L), loops, dtype=torch.long, device=ids.device)
-    decide = KLHalt(halting.threshold) if kl else None
-    prev = None  # per token: log p_{t-1} (kl, (B, L, V)) or h_{t-1} (maxtoken, (B, L, d))
+    tokens = None
     if halting.enabled:
-        h = rec.to_hidden(s, ctx)
-        prev = F.log_softmax(model.readout(h).float(), dim=-1) if kl else h
-    n_active = B * L
-    halted_core = None
-    for t in range(loops):
-        if n_active == 0:  # every token halted: the remaining slots get keys/values only
-            halted_core = halted_core or _KeysValuesOnly(core, active)
-            halted_core.calls = 0
-            rec.step(halted_core, s, ctx, t)
-            continue
-        dense = n_active == B * L
-        core.active = None if dense else active
-        s_new = rec.step(core, s, ctx, t)
-        s = s_new if dense else torch.where(_token_mask(s, active), s_new, s)
-        if prev is None or t == loops - 1:
-            continue
-        h = rec.to_hidden(s, ctx)
-        # (N, ·) rows of the active tokens; while all are active, views instead of gathers
-        h_act = h.reshape(B * L, -1) if dense else h[active]
-        prev_act = prev.reshape(B * L, -1) if dense else prev[active]
-        if kl:
-            cur = F.log_softmax(model.readout(h_act).float(), dim=-1)  # (N, V)
-            halt = decide(t + 1, h_act, cur, prev_act)
-        else:
-            cur = h_act
-            halt = relative_update(h_act, prev_act) < halting.threshold
-        # out of place: prev may share memory with a state (to_hidden can return it)
-        prev = cur.view(B, L, -1) if dense else prev.index_put((active,), cur)
-        if bool(halt.any()):
-            stop = halt.view(B, L) if dense else active.clone().index_put_((active,), halt)
-            depth = depth.masked_fill(stop, t + 1)
-            active = active & ~stop
-            n_active = int(active.sum())
-    h = model.finish(rec.to_hidden(s, ctx), ctx, cache=cache, first_slot=core.slot)
+        decide = KLHalt(halting.threshold) if kl else UpdateHalt(halting.threshold)
+        tokens = TokenHalting(decide)
+    for last in model.unroll(ctx, loops, core=core, halting=tokens):  # noqa: B007
+        pass
+    h = model.finish(last.hidden, ctx, cache=cache, first_slot=core.slot)
     cache.length += L
+    depth = tokens.depth if tokens is not None else ids.new_full((B, L), loops, dtype=torch.long)
     return model.readout(h[:, -1]), depth
-
-
-class _KeysValuesOnly:
-    """The core once every token of a pass has halted: each call only writes the keys/values
-    of its input into its slot(s) — the block's path for a call without active rows — and returns
-    G = 0 (the recurrence's result is discarded; the states stay frozen). The keys/values are a
-    function of the input alone, so an input equal to the one the same call received at the
-    previous step gets that step's keys/values copied (a frozen SCSE state is the block input
-    itself, so after the first halted step no projection runs)."""
-
-    def __init__(self, core, no_rows: torch.Tensor) -> None:
-        self.core, self.no_rows = core, no_rows  # (B, L) all False
-        self.calls = 0  # block calls made in the current loop step
-        self.seen: dict[int, tuple[torch.Tensor, int]] = {}  # call → (input, first slot)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        core, i = self.core, self.calls
-        self.calls += 1
-        n = getattr(core.block, "n_layers", 1)
-        cache = core.cache
-        prev = self.seen.get(i)
-        if prev is not None and isinstance(cache, StaticKVCache) and torch.equal(prev[0], x):
-            for j in range(n):
-                cache.copy_new(prev[1] + j, core.slot + j, x.shape[-2])
-            core.slot += n
-        else:
-            self.seen[i] = (x, core.slot)
-            core.active = self.no_rows
-            core(x)
-        return torch.zeros_like(x)
 
 
 def _sample(

@@ -67,6 +67,7 @@ from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model import model_from_config
 from looplm.model.block import Block
+from looplm.targets import IGNORE_INDEX
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -256,6 +257,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
 
 
 # ----------------------------------------------------------------------------- one step
+# long: one optimizer step: accumulation, clipping and the non-finite rule must stay in order
 def train_step(ts: TrainState) -> dict[str, Any]:
     """One optimizer step (with gradient accumulation). Returns its metrics."""
     cfg, tc = ts.cfg, ts.cfg.train
@@ -270,7 +272,7 @@ def train_step(ts: TrainState) -> dict[str, Any]:
     world, rank = ts.dist.world_size, ts.dist.rank
     # The step's loss is the token mean over the global batch: every rank knows its token count.
     _, y_all = ts.source.global_batch(ts.step, tc.batch_size * world * tc.grad_accum)
-    n_global = int((y_all != -100).sum())
+    n_global = int((y_all != IGNORE_INDEX).sum())
     scale = world / max(n_global, 1)  # DDP/FSDP average gradients over ranks: undo the 1/world
     kwargs = dict(
         loops=loops,
@@ -326,14 +328,9 @@ def train_step(ts: TrainState) -> dict[str, Any]:
 
 def _eval_stats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loops: int):
     """tensor([Σ NLL, tokens, argmax hits]) of one batch at depth ``loops`` (chunked readout)."""
-    from looplm.model.loss import linear_nll_and_correct
-
     (h,) = model.hidden_states(x, loops)
-    valid = y != -100
-    xn = model.norm_f(h[valid])  # (N, d)
-    nll, correct = linear_nll_and_correct(xn, model.tok_emb.weight, y[valid])
-    n = valid.sum()
-    return torch.stack([nll.double(), n.double(), correct.double()])
+    s = model.score(h, y)
+    return torch.stack([s.nll.double(), s.n_tokens.double(), s.correct.double()])
 
 
 @torch.no_grad()

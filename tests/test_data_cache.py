@@ -14,13 +14,12 @@ from conftest import data_dir, require_data
 
 from looplm import cli
 from looplm.data.cache import (
-    eval_windows,
     get_split_tokens,
     list_caches,
     prepare,
-    sample_windows,
     shared_source,
 )
+from looplm.data.sources import eval_windows, sample_windows
 from looplm.errors import LoopLMError
 
 EOT = 50256

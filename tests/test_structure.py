@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import looplm
-from looplm.data.synthetic import adjacency_mask, graph_nodes_example, make_batch
+from looplm.data.synthetic import graph_nodes_example, make_batch
 from looplm.errors import LoopLMError
 from looplm.model.block import rope
+from looplm.model.masks import adjacency_mask
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -49,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# long: one command's linear flow (fixed depths, LAMBADA, store, JSON), read top to bottom
 def run(args: argparse.Namespace) -> int:
     from looplm.evaluate import evaluate_checkpoint
     from looplm.evaluate.records import eval_tag, fixed_depth_records

@@ -3,11 +3,9 @@
 from looplm.data.cache import (
     TokenCache,
     default_cache_dir,
-    eval_windows,
     get_split_tokens,
     list_caches,
     prepare,
-    sample_windows,
     shared_source,
 )
 from looplm.data.corpora import (
@@ -23,6 +21,7 @@ from looplm.data.corpora import (
     locate_target,
     locate_targets,
 )
+from looplm.data.sources import eval_windows, sample_windows
 from looplm.data.tokenizers import TOKENIZER_NAMES, Tokenizer, get_tokenizer
 
 __all__ = [

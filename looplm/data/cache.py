@@ -13,9 +13,8 @@ file). A later ``prepare`` reuses the cache when the metadata matches; it rebuil
 notice, when the source changed (file list, size, or mtime with a different sha256) or the cache
 is corrupt (missing or unreadable metadata, wrong .bin size, sha256 mismatch).
 
-Batching for training and evaluation works on any 1-D token array (the memmap included):
-``sample_windows`` draws random windows, ``eval_windows`` walks the split once. Training and
-evaluation code call ``get_split_tokens(dataset, split, tokenizer, data_dir, cache_dir)``.
+Training and evaluation code call ``get_split_tokens(dataset, split, tokenizer, data_dir,
+cache_dir)``; batching the tokens into windows lives in :mod:`looplm.data.sources`.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from looplm.data.corpora import (
     ResolvedSplit,
@@ -52,7 +50,6 @@ log = logging.getLogger("looplm.data")
 CACHE_FORMAT = 1
 CACHE_DIR_ENV = "LOOPLM_CACHE_DIR"
 DATA_DIR_ENV = "LOOPLM_DATA_DIR"
-IGNORE_INDEX = -100
 # Folder of each corpus inside the shared data folder (``data_dir``).
 SHARED_FOLDERS = {
     "wikitext-2": "wikitext-2",
@@ -373,80 +370,6 @@ def list_caches(cache_dir: str | os.PathLike, verify: bool = False) -> list[dict
         meta = {**meta, "bin_path": str(bin_path), "status": why or "ok"}
         out.append(meta)
     return out
-
-
-# ----------------------------------------------------------------------------- batching
-
-
-def _as_array(tokens) -> np.ndarray:
-    if isinstance(tokens, torch.Tensor):
-        return tokens.detach().cpu().numpy()
-    return tokens
-
-
-def sample_windows(
-    tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random training windows: ``x = tokens[s:s+L]``, ``y = tokens[s+1:s+L+1]``, int64 (B, L).
-
-    Window starts are uniform over every valid position and come from ``generator`` only, so
-    the same seed gives the same batches.
-    """
-    tokens = _as_array(tokens)
-    n = len(tokens)
-    if batch_size < 1 or seq_len < 1:
-        raise LoopLMError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
-    if n < seq_len + 1:
-        raise LoopLMError(f"{n} tokens are too few for windows of seq_len={seq_len} (+1 target)")
-    starts = (
-        torch.randint(0, n - seq_len, (batch_size,), generator=generator, device=generator.device)
-        .cpu()
-        .numpy()
-    )  # (B,)
-    idx = starts[:, None] + np.arange(seq_len + 1)  # (B, L+1)
-    chunk = torch.from_numpy(tokens[idx].astype(np.int64))  # (B, L+1)
-    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()  # (B, L), (B, L)
-
-
-def eval_windows(
-    tokens: np.ndarray,
-    batch_size: int,
-    seq_len: int,
-    max_tokens: int | None = None,
-    pad_id: int = 0,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Non-overlapping windows that predict every token of the split exactly once.
-
-    Window k holds inputs ``tokens[kL : kL+L]`` and targets ``tokens[kL+1 : kL+L+1]``; together
-    they predict tokens 1..N-1 (token 0 has no context). The last window may be partial: its
-    inputs are padded with ``pad_id`` and its targets with -100 (ignored), so summing the loss
-    over targets != -100 counts each predicted token once. Standard non-overlapping protocol:
-    the first token of each window is predicted from a short context (position 0 sees one
-    token), unlike a sliding-window evaluation. ``max_tokens`` caps the number of predicted
-    tokens (the first ``max_tokens`` targets). Yields int64 (B, L) pairs; the last batch may
-    have fewer rows.
-    """
-    tokens = _as_array(tokens)
-    if batch_size < 1 or seq_len < 1:
-        raise LoopLMError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
-    n_pred = len(tokens) - 1
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise LoopLMError(f"max_tokens={max_tokens} must be >= 1")
-        n_pred = min(n_pred, max_tokens)
-    if n_pred < 1:
-        raise LoopLMError(f"{len(tokens)} tokens are too few to evaluate (need at least 2)")
-    starts = np.arange(0, n_pred, seq_len)
-    for b in range(0, len(starts), batch_size):
-        rows = starts[b : b + batch_size]
-        x = np.full((len(rows), seq_len), pad_id, dtype=np.int64)  # (B, L)
-        y = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)  # (B, L)
-        for i, s in enumerate(rows):
-            m = min(seq_len, n_pred - int(s))
-            seg = np.asarray(tokens[s : s + m + 1], dtype=np.int64)  # (m+1,)
-            x[i, :m] = seg[:m]
-            y[i, :m] = seg[1:]
-        yield torch.from_numpy(x), torch.from_numpy(y)
 
 
 # ----------------------------------------------------------------------------- entry point

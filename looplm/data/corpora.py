@@ -374,6 +374,7 @@ def _import_datasets():
     return datasets
 
 
+# long: the online path's checks and their messages, one after the other
 def _resolve_hf(name: str, split: str, counts: SplitCounts | None) -> ResolvedSplit:
     datasets = _import_datasets()
     dataset_id, config = HF_DATASETS[name]

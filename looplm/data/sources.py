@@ -1,4 +1,7 @@
-"""Batches for training and evaluation, from a synthetic task or a token cache.
+"""Batches for training and evaluation, from a synthetic task or a token cache: the one place
+where tokens become batches. A corpus's token array (the cache's memmap, or any 1-D array) is cut
+into windows — ``sample_windows`` draws random training windows, ``eval_windows`` walks a split
+once — and a task's examples are packed into rows by :func:`looplm.data.synthetic.make_batch`.
 
 Every training batch is a pure function of (seed, step) and the global batch size: step k's global
 batch holds ``world_size · grad_accum · batch_size`` rows drawn from one seed, and the micro-batch
@@ -13,11 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from looplm.config import DataConfig, ModelConfig
 from looplm.data.synthetic import TASKS, make_batch
 from looplm.errors import LoopLMError
+from looplm.targets import IGNORE_INDEX
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation examples never coincide with training seeds
 
@@ -27,6 +32,80 @@ def step_seed(seed: int, step: int, rank: int = 0) -> int:
     return (seed * 6_364_136_223_846_793_005 + step * 1_442_695_040_888_963_407 + rank * 97) % (
         2**63 - 1
     )
+
+
+# ----------------------------------------------------------------------------- token windows
+
+
+def _as_array(tokens) -> np.ndarray:
+    if isinstance(tokens, torch.Tensor):
+        return tokens.detach().cpu().numpy()
+    return tokens
+
+
+def sample_windows(
+    tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random training windows: ``x = tokens[s:s+L]``, ``y = tokens[s+1:s+L+1]``, int64 (B, L).
+
+    Window starts are uniform over every valid position and come from ``generator`` only, so
+    the same seed gives the same batches.
+    """
+    tokens = _as_array(tokens)
+    n = len(tokens)
+    if batch_size < 1 or seq_len < 1:
+        raise LoopLMError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
+    if n < seq_len + 1:
+        raise LoopLMError(f"{n} tokens are too few for windows of seq_len={seq_len} (+1 target)")
+    starts = (
+        torch.randint(0, n - seq_len, (batch_size,), generator=generator, device=generator.device)
+        .cpu()
+        .numpy()
+    )  # (B,)
+    idx = starts[:, None] + np.arange(seq_len + 1)  # (B, L+1)
+    chunk = torch.from_numpy(tokens[idx].astype(np.int64))  # (B, L+1)
+    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()  # (B, L), (B, L)
+
+
+def eval_windows(
+    tokens: np.ndarray,
+    batch_size: int,
+    seq_len: int,
+    max_tokens: int | None = None,
+    pad_id: int = 0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Non-overlapping windows that predict every token of the split exactly once.
+
+    Window k holds inputs ``tokens[kL : kL+L]`` and targets ``tokens[kL+1 : kL+L+1]``; together
+    they predict tokens 1..N-1 (token 0 has no context). The last window may be partial: its
+    inputs are padded with ``pad_id`` and its targets with ``IGNORE_INDEX``, so summing the loss
+    over targets != IGNORE_INDEX counts each predicted token once. Standard non-overlapping protocol:
+    the first token of each window is predicted from a short context (position 0 sees one
+    token), unlike a sliding-window evaluation. ``max_tokens`` caps the number of predicted
+    tokens (the first ``max_tokens`` targets). Yields int64 (B, L) pairs; the last batch may
+    have fewer rows.
+    """
+    tokens = _as_array(tokens)
+    if batch_size < 1 or seq_len < 1:
+        raise LoopLMError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
+    n_pred = len(tokens) - 1
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise LoopLMError(f"max_tokens={max_tokens} must be >= 1")
+        n_pred = min(n_pred, max_tokens)
+    if n_pred < 1:
+        raise LoopLMError(f"{len(tokens)} tokens are too few to evaluate (need at least 2)")
+    starts = np.arange(0, n_pred, seq_len)
+    for b in range(0, len(starts), batch_size):
+        rows = starts[b : b + batch_size]
+        x = np.full((len(rows), seq_len), pad_id, dtype=np.int64)  # (B, L)
+        y = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)  # (B, L)
+        for i, s in enumerate(rows):
+            m = min(seq_len, n_pred - int(s))
+            seg = np.asarray(tokens[s : s + m + 1], dtype=np.int64)  # (m+1,)
+            x[i, :m] = seg[:m]
+            y[i, :m] = seg[1:]
+        yield torch.from_numpy(x), torch.from_numpy(y)
 
 
 class DataSource:
@@ -132,14 +211,10 @@ class CorpusSource(DataSource):
         return self._eval_tokens
 
     def make_global_batch(self, step, n_rows):
-        from looplm.data.cache import sample_windows
-
         g = torch.Generator().manual_seed(step_seed(self.seed, step * 1024, 0))
         return sample_windows(self.train_tokens, n_rows, self.context, g)
 
     def eval_batches(self, batch_size, max_tokens=None, n_examples: int = 0):
-        from looplm.data.cache import eval_windows
-
         yield from eval_windows(self.eval_tokens, batch_size, self.context, max_tokens)
 
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from looplm.config import NODE_TASKS
 from looplm.errors import LoopLMError
+from looplm.targets import IGNORE_INDEX
 
 PAD_ID = 256  # the byte tokenizer's end-of-text id
 _OPS = {"&": lambda a, b: a and b, "|": lambda a, b: a or b, "^": lambda a, b: a != b}
@@ -107,9 +109,6 @@ def relational_text_example(
     return f"{text} {_NAMES[a[0]]}>{_NAMES[target]}?", "Y" if reach else "N"
 
 
-GRAPH_SEP = ord("|")
-
-
 @dataclass
 class NodeExample:
     """A graph example with one token per node: ``text``; ``answers[i]`` is the label at text
@@ -180,39 +179,6 @@ def graph_nodes_example(rng: random.Random, depth: int, want: bool | None = None
     return NodeExample(text, answers, distance)
 
 
-def adjacency_mask(input_ids: torch.Tensor) -> torch.Tensor:
-    """The attention mask of ``model.attention=adjacency``: (B, L) ids → (B, L, L) bool.
-
-    For a :func:`graph_nodes_example` row, the position of node v may attend to itself and to the
-    positions of its in-neighbours u (edges ``u v``), so one attention layer moves information
-    exactly one hop along the edges. Every other position (the edge list, ``|``, padding, rows
-    without ``|``) attends only to itself.
-    """
-    B, L = input_ids.shape
-    mask = torch.eye(L, dtype=torch.bool, device=input_ids.device).repeat(B, 1, 1)
-    rows = input_ids.tolist()
-    bi, qi, ki = [], [], []
-    for b, ids in enumerate(rows):
-        if GRAPH_SEP not in ids:
-            continue
-        sep = ids.index(GRAPH_SEP)
-        pos = {}
-        for j in range(sep + 1, L):
-            c = ids[j]
-            if not (65 <= c <= 90 or 97 <= c <= 122):
-                break
-            pos[c | 0x20] = j  # lower-cased letter → its node position
-        for i in range(0, sep - 1, 3):  # "uv;" triples
-            u, v = ids[i] | 0x20, ids[i + 1] | 0x20
-            if u in pos and v in pos:
-                bi.append(b)
-                qi.append(pos[v])
-                ki.append(pos[u])
-    if bi:
-        mask[bi, qi, ki] = True
-    return mask
-
-
 _EXAMPLES = {
     "bool_logic": bool_logic_example,
     "graph_reach": graph_reach_example,
@@ -220,12 +186,11 @@ _EXAMPLES = {
     "graph_nodes": graph_nodes_example,
 }
 TASKS = tuple(_EXAMPLES)
-NODE_TASKS = ("graph_nodes",)  # one answer per node, at the node's own position
 
 
 @dataclass
 class TaskBatch:
-    """input_ids (B, L) int64; targets (B, L), -100 except at answer positions; difficulty (B, L);
+    """input_ids (B, L) int64; targets (B, L), ``IGNORE_INDEX`` except at answer positions; difficulty (B, L);
     distance (B, L): graph tasks' per-query hop distance (−1 unreachable), 0 elsewhere."""
 
     input_ids: torch.Tensor
@@ -234,6 +199,7 @@ class TaskBatch:
     distance: torch.Tensor | None = None
 
 
+# long: packs examples into rows and the rows into four aligned tensors in one pass
 def make_batch(
     task: str,
     batch_size: int,
@@ -289,7 +255,7 @@ def make_batch(
             k += 1
             base = len(ids)
             ids += list(text.encode())
-            tgt += [-100] * n
+            tgt += [IGNORE_INDEX] * n
             dif += [0] * n
             hop += [0] * n
             for i, a in answers.items():
@@ -300,7 +266,7 @@ def make_batch(
         rows.append((ids, tgt, dif, hop))
     L = max(len(r[0]) for r in rows)
     x = torch.full((batch_size, L), PAD_ID, dtype=torch.long)
-    y = torch.full((batch_size, L), -100, dtype=torch.long)
+    y = torch.full((batch_size, L), IGNORE_INDEX, dtype=torch.long)
     d = torch.zeros((batch_size, L), dtype=torch.long)
     h = torch.zeros((batch_size, L), dtype=torch.long)
     for i, (ids, tgt, dif, hop) in enumerate(rows):
@@ -309,51 +275,3 @@ def make_batch(
         d[i, : len(ids)] = torch.tensor(dif)
         h[i, : len(ids)] = torch.tensor(hop)
     return TaskBatch(x, y, d, h if task in NODE_TASKS else None)
-
-
-def score_answers(
-    model: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor
-) -> tuple[int, int, float]:
-    """(number correct, number of answers, summed NLL) of the final states ``h`` (B, L, D) at the
-    answer positions of ``targets`` (B, L; −100 elsewhere): correct = argmax over the whole
-    vocabulary equals the answer (a model that spreads mass over non-answer tokens is wrong)."""
-    valid = targets != -100
-    logits = model.readout(h[valid]).float()  # (N, V)
-    tgt = targets[valid]
-    return (
-        int((logits.argmax(-1) == tgt).sum()),
-        int(tgt.numel()),
-        float(torch.nn.functional.cross_entropy(logits, tgt, reduction="sum")),
-    )
-
-
-@torch.no_grad()
-def task_accuracy(
-    model: torch.nn.Module,
-    task: str,
-    loops: int,
-    difficulty: tuple[int, int],
-    n_examples: int,
-    seed: int,
-    batch_size: int = 128,
-    device: str | torch.device = "cpu",
-) -> dict[str, float]:
-    """Accuracy (argmax over the whole vocabulary at the answer position) and NLL at depth ``loops``."""
-    model.eval()
-    correct = total = 0
-    nll = 0.0
-    for b, start in enumerate(range(0, n_examples, batch_size)):
-        n = min(batch_size, n_examples - start)
-        batch = make_batch(task, n, difficulty, seed=seed * 7919 + b, max_len=model.config.context)
-        x, y = batch.input_ids.to(device), batch.targets.to(device)
-        (h,) = model.hidden_states(x, loops)
-        c, n, s = score_answers(model, h, y)
-        correct, total, nll = correct + c, total + n, nll + s
-    return {
-        "accuracy": correct / total,
-        "n_correct": correct,
-        "n_examples": total,
-        "sum_nll": nll,
-        "n_tokens": total,
-        "chance": 0.5,
-    }

@@ -58,6 +58,7 @@ class AnchorMap:
         return self.model.step(self.anchor, self.context, t, mask=self.mask) - self.anchor
 
 
+# long: Eqs. 7-9 per loop step; the per-step quantities share one set of locals
 @torch.no_grad()
 def anchor_response(
     model: torch.nn.Module,

@@ -259,6 +259,7 @@ def _walk(
     return _Walk(delta, bar, acc, rel, e_norm, b_norm, lower, quad_err, quad_panels, segments)
 
 
+# long: Lemma 1 / Theorem 2 / Corollary 3 over one walk, each bound beside its check
 def counterfactual_check(
     tmap: DeltaMap,
     delta0: torch.Tensor,

@@ -14,8 +14,10 @@ import torch
 
 from looplm.config import RunConfig
 from looplm.errors import LoopLMError
+from looplm.targets import IGNORE_INDEX
 
 
+# long: corpus and task inputs with their padding rules in one place
 def load_batches(
     cfg: RunConfig,
     *,
@@ -56,7 +58,7 @@ def load_batches(
         batches = []
         for x, y in raw:
             xp = torch.full((x.shape[0], L), PAD_ID, dtype=x.dtype)
-            yp = torch.full((y.shape[0], L), -100, dtype=y.dtype)
+            yp = torch.full((y.shape[0], L), IGNORE_INDEX, dtype=y.dtype)
             xp[:, : x.shape[1]], yp[:, : y.shape[1]] = x, y
             batches.append((xp, yp))
         info.update(split="eval", difficulty=list(data.eval_difficulty), kind="task")
@@ -71,7 +73,9 @@ def load_batches(
     )
     batches = []
     for x, y in eval_windows(tokens, batch_size, L, max_tokens=batch_size * L * n_batches):
-        if x.shape[0] == batch_size and bool((y != -100).all()):  # fixed shapes, full windows
+        if x.shape[0] == batch_size and bool(
+            (y != IGNORE_INDEX).all()
+        ):  # fixed shapes, full windows
             batches.append((x, y))
         if len(batches) == n_batches:
             break

@@ -33,7 +33,6 @@ from looplm.diagnostics.counterfactual import bias_subtraction, counterfactual_c
 from looplm.diagnostics.gain import EPS_FD, N_DIRECTIONS
 from looplm.diagnostics.steering import DOSE_GAINS, anchor_start_steering
 from looplm.errors import LoopLMError
-from looplm.model.readout import readout_nll
 
 
 @dataclass
@@ -93,12 +92,8 @@ def _progress(total: int, desc: str, enabled: bool):
 
 @torch.no_grad()
 def _nll_sum(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
-    valid = targets != -100
-    if not bool(valid.any()):
-        return 0.0, 0
-    V = model.config.vocab_size
-    nll, _ = readout_nll(model.readout, h[valid], targets[valid], V, dtype=torch.float64)
-    return float(nll.sum()), int(valid.sum())
+    s = model.score(h, targets, per_token=True, dtype=torch.float64)
+    return float(s.nll.sum()), int(s.n_tokens)
 
 
 def _check_slice(model, ids: torch.Tensor, opts: DiagnoseOptions) -> dict:
@@ -254,6 +249,7 @@ def _check_batches(model: torch.nn.Module, batches: Sequence) -> None:
         raise LoopLMError(f"measured batches must share one shape, got {sorted(shapes)}")
 
 
+# long: the diagnose pipeline and the one results dict it writes
 def diagnose_model(
     model: torch.nn.Module,
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -267,7 +263,7 @@ def diagnose_model(
 
     Args:
         model: a looped model (``model.is_looped``), already on its device, dtype and eval mode.
-        batches: measured batches; targets use -100 for unscored positions.
+        batches: measured batches; targets use ``IGNORE_INDEX`` for unscored positions.
         opts: settings; defaults follow the paper.
         tokenizer: decodes ids for the token-type breakdown (None: all tokens typed ``other``).
         pad_id: positions holding this id are left out of the convergence statistics.

@@ -108,6 +108,7 @@ def _dose_summary(
     return dose
 
 
+# long: the gains' rollouts run in lockstep and share the per-step bookkeeping
 @torch.no_grad()
 def anchor_start_steering(
     model: torch.nn.Module,

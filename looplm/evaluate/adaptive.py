@@ -2,7 +2,7 @@
 
 All three run one trained shared-block model (``LoopedLM``) and stop the recurrence early; every
 rule runs at least one loop and at most C. Quality is token-weighted NLL → PPL over the scored
-tokens (targets ≠ -100), exactly as the fixed-depth sweep; the achieved **mean active depth** is the
+tokens (targets ≠ ``IGNORE_INDEX``), exactly as the fixed-depth sweep; the achieved **mean active depth** is the
 token-weighted mean number of loops the scored tokens received (for the per-example rule every
 token of an example gets that example's depth; all evaluation windows are full-length except
 possibly the last one, so this equals the per-example mean up to that window).
@@ -47,7 +47,8 @@ Eq. 20/21 at the achieved mean depth (``looplm.flops``), i.e. an idealised count
 figure is measured.
 
 Rules 2 and 3 live in :mod:`looplm.evaluate.halting`, the helpers all rules share in
-:mod:`looplm.evaluate.common`; this module re-exports them. Public API: :func:`max_token_updates`, :func:`update_trace`, :func:`stopping_depths`,
+:mod:`looplm.evaluate.common`, the halting mechanics of the unroll (frozen tokens, dropped
+examples, the update statistics) in :mod:`looplm.model.halting`; this module re-exports them. Public API: :func:`max_token_updates`, :func:`update_trace`, :func:`stopping_depths`,
 :func:`calibrate_threshold`, :func:`maxtoken_forward`, :func:`evaluate_maxtoken`,
 :func:`sparse_block_forward`, :func:`per_token_halting`, :class:`KLHalt`, :class:`RouterHalt`,
 :class:`LinearRouter`, :func:`harvest_router_data`, :func:`fit_router`, :func:`evaluate_per_token`,
@@ -73,7 +74,6 @@ from looplm.evaluate.common import (
     check_ceiling,
     evaluation_batches,
     flops_fields,
-    index_context,
     nll_rows,
     nll_totals,
     require_looped,
@@ -90,25 +90,13 @@ from looplm.evaluate.halting import (
     per_token_halting,
     sparse_block_forward,
 )
+from looplm.model.halting import ExampleHalting, max_token_updates, relative_update
+from looplm.targets import IGNORE_INDEX
 
 DEFAULT_BUDGETS = (8, 16, 24)
 DEFAULT_KL_THRESHOLDS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
 DEFAULT_ROUTER_PROBS = (0.5, 0.7, 0.9)
 RULES = ("maxtoken", "kl", "router")
-
-
-# ============================================================================ rule 1 statistic
-def relative_update(h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
-    """Per-token ``‖h − h_prev‖₂ / ‖h_prev‖₂``: (B, L, d) × 2 → (B, L) float64."""
-    num = (h.double() - h_prev.double()).norm(dim=-1)
-    den = h_prev.double().norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
-    return num / den
-
-
-def max_token_updates(h: torch.Tensor, h_prev: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """The per-example statistic of rule 1: max over scored tokens of the relative update, (B,)."""
-    r = relative_update(h, h_prev).masked_fill(~valid, 0.0)  # (B, L)
-    return r.amax(dim=1)
 
 
 # ============================================================================ rule 1: maxtoken
@@ -140,22 +128,17 @@ def update_trace(
 
     require_looped(model)
     check_ceiling(ceiling)
-    rec = model.recurrence
     ups, ns = [], []
     for x, y in tqdm(batches, disable=not progress, desc="trace", leave=False):
         x, y = x.to(device), y.to(device)
-        valid = y != -100
+        valid = y != IGNORE_INDEX
         keep = valid.any(dim=1)
-        ctx = model.prepare(x)
-        core = model.core_call(ctx)
-        s = rec.init_state(ctx)
-        h_prev = rec.to_hidden(s, ctx)
+        steps = model.unroll(model.prepare(x), ceiling)
+        h_prev = next(steps).hidden
         cols = []
-        for t in range(ceiling):
-            s = rec.step(core, s, ctx, t)
-            h = rec.to_hidden(s, ctx)
-            cols.append(max_token_updates(h, h_prev, valid))  # (B,)
-            h_prev = h
+        for st in steps:
+            cols.append(max_token_updates(st.hidden, h_prev, valid))  # (B,)
+            h_prev = st.hidden
         ups.append(torch.stack(cols, dim=1)[keep].cpu().numpy())  # (B, C)
         ns.append(valid.sum(1)[keep].cpu().numpy())
     if not ups:
@@ -237,33 +220,14 @@ def maxtoken_forward(
     """
     require_looped(model)
     check_ceiling(ceiling)
-    rec = model.recurrence
-    B = x.shape[0]
-    ctx = model.prepare(x)
-    s = rec.init_state(ctx)
-    h_prev = rec.to_hidden(s, ctx)  # (B, L, d)
-    out = torch.empty_like(h_prev)
-    depth = torch.full((B,), ceiling, dtype=torch.long, device=x.device)
-    rows = torch.arange(B, device=x.device)  # batch rows still running
-    core = model.core_call(ctx)
-    for t in range(1, ceiling + 1):
-        s = rec.step(core, s, ctx, t - 1)
-        h = rec.to_hidden(s, ctx)  # (A, L, d)
-        if t == ceiling:
-            out[rows] = h
-            break
-        stop = max_token_updates(h, h_prev, valid) < threshold  # (A,)
-        if bool(stop.any()):
-            out[rows[stop]] = h[stop]
-            depth[rows[stop]] = t
-            keep = ~stop
-            if not bool(keep.any()):
-                break
-            rows, s, h, valid = rows[keep], s[keep], h[keep], valid[keep]
-            ctx = index_context(ctx, keep)
-            core = model.core_call(ctx)  # the attention mask (if any) follows the rows
-        h_prev = h
-    return out, depth
+
+    def decide(t, h, h_prev, rows):
+        return max_token_updates(h, h_prev, valid[rows]) < threshold  # (A,)
+
+    halting = ExampleHalting(decide)
+    for _ in model.unroll(model.prepare(x), ceiling, halting=halting):
+        pass
+    return halting.out, halting.depth
 
 
 @torch.no_grad()
@@ -284,7 +248,7 @@ def evaluate_maxtoken(
     device = torch.device(device)
 
     def once(x, y):
-        h, depth = maxtoken_forward(model, x, y != -100, threshold, ceiling)
+        h, depth = maxtoken_forward(model, x, y != IGNORE_INDEX, threshold, ceiling)
         return nll_rows(model, h, y), depth
 
     desc = f"maxtoken τ={threshold:.3g}"
@@ -292,7 +256,7 @@ def evaluate_maxtoken(
     sum_nll, n_tok, n_correct, depth_tok, n_ex = 0.0, 0, 0, 0, 0
     hist = np.zeros(ceiling + 1, dtype=np.int64)
     for y, ((nll, correct), depth) in outs:
-        n_b = (y != -100).sum(1)
+        n_b = (y != IGNORE_INDEX).sum(1)
         sum_nll += float(nll.sum())
         n_tok += int(n_b.sum())
         n_correct += int(correct.sum())
@@ -447,6 +411,7 @@ class _AdaptiveRun:
         return out
 
 
+# long: the public entry point's many settings, passed through once
 def evaluate_adaptive(
     model: torch.nn.Module,
     cfg,

@@ -14,8 +14,6 @@ from typing import Any
 import torch
 
 from looplm.errors import LoopLMError
-from looplm.model.readout import readout_nll
-from looplm.model.recurrences import LoopContext
 
 DEFAULT_CEILING = 48
 DEFAULT_LABEL_THRESHOLD = 1e-2
@@ -47,13 +45,6 @@ def check_ceiling(ceiling: int) -> int:
     return ceiling
 
 
-def index_context(ctx: LoopContext, idx: torch.Tensor) -> LoopContext:
-    """The context of the batch rows ``idx`` (every context tensor is batch-first)."""
-    return LoopContext(
-        e=ctx.e[idx], anchor=ctx.anchor[idx], extra={k: v[idx] for k, v in ctx.extra.items()}
-    )
-
-
 def sync(device: torch.device) -> None:
     """Wait for queued GPU work, so wall clocks measure it."""
     if device.type == "cuda":
@@ -61,16 +52,10 @@ def sync(device: torch.device) -> None:
 
 
 def nll_rows(model: torch.nn.Module, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per-token NLL (float64, 0 where y = -100) and argmax-correct flags: (B, L) each. The
-    readout goes through the scored rows in chunks (no (N, V) logits table)."""
-    valid = y != -100
-    nll = torch.zeros(y.shape, dtype=torch.float64, device=y.device)
-    correct = torch.zeros(y.shape, dtype=torch.bool, device=y.device)
-    if valid.any():
-        nll[valid], correct[valid] = readout_nll(
-            model.readout, h[valid], y[valid], model.config.vocab_size
-        )
-    return nll, correct
+    """Per-token NLL (float64, 0 where unscored) and argmax-correct flags: (B, L) each — the
+    model's scorer per token (:meth:`~looplm.model.lm.LanguageModelBase.score`)."""
+    s = model.score(h, y, per_token=True)
+    return s.nll, s.correct
 
 
 def timed_batches(
@@ -147,7 +132,8 @@ def evaluation_batches(
 
         src = TaskSource(data, cfg.model, cfg.train.seed)
         return list(src.eval_batches(batch_size, max_tokens, cfg.eval.n_examples))
-    from looplm.data.cache import eval_windows, get_split_tokens
+    from looplm.data.cache import get_split_tokens
+    from looplm.data.sources import eval_windows
 
     tokens = get_split_tokens(
         data.dataset, split, cfg.model.tokenizer, data.data_dir, data.cache_dir

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from looplm.errors import LoopLMError
+from looplm.model.readout import score_tokens
+from looplm.targets import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,12 @@ def lambada_batches(
     items: Sequence[LambadaItem], batch_size: int, pad_id: int = 0
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(x, y) int64 (B, Lmax): inputs ``ids[:-1]`` right-padded; ``y`` holds the target tokens at
-    their predicting positions (``start−1 … end−2``) and -100 everywhere else."""
+    their predicting positions (``start−1 … end−2``) and ``IGNORE_INDEX`` everywhere else."""
     for b in range(0, len(items), batch_size):
         chunk = items[b : b + batch_size]
         L = max(len(it.ids) - 1 for it in chunk)
         x = torch.full((len(chunk), L), pad_id, dtype=torch.long)
-        y = torch.full((len(chunk), L), -100, dtype=torch.long)
+        y = torch.full((len(chunk), L), IGNORE_INDEX, dtype=torch.long)
         for i, it in enumerate(chunk):
             ids = torch.tensor(it.ids, dtype=torch.long)
             x[i, : len(ids) - 1] = ids[:-1]
@@ -112,19 +113,14 @@ def lambada_sweep(
         leave=False,
     ):
         x, y = x.to(device), y.to(device)
-        valid = y != -100  # (B, L) target positions
-        tgt = y[valid]  # (N,)
-        row = valid.nonzero()[:, 0]  # (N,) passage of each target token
+        valid = y != IGNORE_INDEX  # (B, L) target positions
         for T, h in model.iter_depths(x, depths):
-            logits = model.readout(h[valid]).float()  # (N, V)
-            ok = logits.argmax(-1) == tgt  # (N,)
-            wrong_per_row = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-            wrong_per_row.index_add_(0, row, (~ok).long())
+            nll, correct = score_tokens(model.readout, h, y)  # (B, L) each, chunked
             a = acc[T]
-            a["sum_nll"] += float(F.cross_entropy(logits, tgt, reduction="sum"))
-            a["n_tokens"] += int(tgt.numel())
-            a["n_correct"] += int(ok.sum())
-            a["exact"] += int((wrong_per_row == 0).sum())
+            a["sum_nll"] += float(nll.sum())
+            a["n_tokens"] += int(valid.sum())
+            a["n_correct"] += int(correct.sum())
+            a["exact"] += int((correct | ~valid).all(dim=1).sum())  # every target token right
     wall = time.perf_counter() - t0
     out = []
     for T in depths:

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from looplm.data.sources import EVAL_SEED_OFFSET
-from looplm.data.synthetic import NODE_TASKS, make_batch, score_answers
+from looplm.data.synthetic import NODE_TASKS, make_batch
 from looplm.errors import LoopLMError, check_positive_int
+from looplm.targets import IGNORE_INDEX
 
 
 def _check_counts(**counts: int) -> None:
@@ -63,8 +64,10 @@ def frontier_accuracy(
             x, y = b.input_ids.to(device), b.targets.to(device)
             for T, h in model.iter_depths(x, list(depths)):
                 a = acc.setdefault(T, [0, 0, 0.0])
-                for j, v in enumerate(score_answers(model, h, y)):
-                    a[j] += v
+                s = model.score(h, y)  # correct = argmax over the whole vocabulary
+                a[0] += int(s.correct)
+                a[1] += int(s.n_tokens)
+                a[2] += float(s.nll)
         for T, (c, n, nll) in sorted(acc.items()):
             rows.append(
                 {
@@ -114,7 +117,7 @@ def propagation_steps(
     for d in sorted({int(x) for x in difficulties}):
         for b in _batches(task, d, n_examples, batch_size, model.config.context):
             x, y = b.input_ids.to(device), b.targets.to(device)
-            valid = y != -100
+            valid = y != IGNORE_INDEX
             tgt = y[valid]
             out = model(x, loops=max_loops, return_states=True)
             correct = []

@@ -2,17 +2,18 @@
 rule and the learned linear router of the per-token convergence study ("reading per-token
 convergence outperforms learning to predict it").
 
-A halted token's recurrent state is frozen; later, still active tokens keep attending to it.
-:func:`sparse_block_forward` computes the shared block for active query rows only (keys and values
-for every token). The previous readout ``log p_{t−1}`` of every token is the one (N, V) table the
-KL rule must keep; the current readout, the divergence and the decision go through the active
-rows in chunks, so no second table is built.
+Both run through the one per-token halting mechanism of the model's unroll
+(:class:`looplm.model.halting.TokenHalting`, also used by adaptive decoding): a halted token's
+recurrent state is frozen and later, still active tokens keep attending to it; the shared block
+runs for active query rows only (:func:`sparse_block_forward`; keys and values for every token).
+The previous readout ``log p_{t−1}`` of every token is the one (N, V) table the KL rule keeps; the
+current readout, the divergence and the decision go through the active rows in chunks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,9 @@ from looplm.evaluate.common import (
     timed_batches,
     timed_min,
 )
-from looplm.model.readout import log_probs, readout_kl, row_chunks
+from looplm.model.halting import KLHalt, PreviousReadout, TokenHalting
+from looplm.model.readout import readout_kl
+from looplm.targets import IGNORE_INDEX
 
 
 def sparse_block_forward(
@@ -43,24 +46,6 @@ def sparse_block_forward(
     bool. The block's own active-row mode (:class:`~looplm.model.block.Block`): keys and values for
     every row, queries, attention rows, output projection and SwiGLU for active rows. Eval only."""
     return block(x, active=active)
-
-
-class KLHalt:
-    """Rule 2's decision: halt when ``KL(p_t ‖ p_{t−1}) < threshold`` (needs the logits)."""
-
-    needs_logits = True
-
-    def __init__(self, threshold: float) -> None:
-        if not threshold >= 0:
-            raise LoopLMError(f"KL threshold {threshold!r} must be >= 0")
-        self.threshold = float(threshold)
-
-    @property
-    def mode(self) -> str:
-        return f"kl:thr={self.threshold:g}"
-
-    def __call__(self, t: int, h: torch.Tensor, logp: torch.Tensor, logp_prev: torch.Tensor):
-        return readout_kl(logp, logp_prev) < self.threshold  # (N,)
 
 
 @dataclass
@@ -117,46 +102,6 @@ class RouterHalt:
         return self.router.prob(h) >= self.prob
 
 
-class PreviousReadout:
-    """``log p_{t−1}`` of N rows (float32, (N, V)), compared with the next readout chunk by chunk.
-
-    :meth:`advance` reads out new states of some rows, hands each chunk ``(rows, logp,
-    logp_prev)`` to ``fn`` and stores ``logp`` as the rows' new previous readout.
-    """
-
-    def __init__(self, model: torch.nn.Module, h: torch.Tensor) -> None:
-        self.readout, self.vocab = model.readout, model.config.vocab_size
-        self.logp = torch.empty(h.shape[0], self.vocab, dtype=torch.float32, device=h.device)
-        for c in row_chunks(h.shape[0], self.vocab):
-            self.logp[c] = log_probs(self.readout, h[c], torch.float32)
-
-    def advance(
-        self,
-        h: torch.Tensor,
-        fn: Callable[[slice, torch.Tensor, torch.Tensor], torch.Tensor],
-        rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """New states ``h`` (n, d) of ``rows`` (default: all N) → ``fn``'s outputs, concatenated."""
-        out = []
-        for c in row_chunks(h.shape[0], self.vocab):
-            idx = c if rows is None else rows[c]
-            logp = log_probs(self.readout, h[c], torch.float32)  # (n_c, V)
-            out.append(fn(c, logp, self.logp[idx]))
-            self.logp[idx] = logp
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=h.device)
-
-
-def _token_mask_for(state: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-    """(B, L) token mask → broadcastable over a recurrent state shaped (B, …, L, d)."""
-    B, L = active.shape
-    if state.dim() < 3 or state.shape[0] != B or state.shape[-2] != L:
-        raise LoopLMError(
-            f"per-token halting needs recurrent states shaped (batch, ..., length, width); "
-            f"got {tuple(state.shape)} for a ({B}, {L}) batch"
-        )
-    return active.view(B, *([1] * (state.dim() - 3)), L, 1)
-
-
 @torch.no_grad()
 def per_token_halting(
     model: torch.nn.Module,
@@ -178,41 +123,10 @@ def per_token_halting(
     """
     require_looped(model)
     check_ceiling(ceiling)
-    rec = model.recurrence
-    ctx = model.prepare(x)
-    s = rec.init_state(ctx)
-    h = rec.to_hidden(s, ctx)  # (B, L, d)
-    B, L = x.shape
-    active = torch.ones(B, L, dtype=torch.bool, device=x.device)
-    depth = torch.zeros(B, L, dtype=torch.long, device=x.device)
-    prev = (
-        PreviousReadout(model, h.reshape(B * L, -1))
-        if getattr(decide, "needs_logits", True)
-        else None
-    )
-    for t in range(1, ceiling + 1):
-        all_active = bool(active.all())
-        step_block = model.core_call(ctx, active=None if (all_active or not skip) else active)
-        s_new = rec.step(step_block, s, ctx, t - 1)
-        s = s_new if all_active else torch.where(_token_mask_for(s, active), s_new, s)
-        depth += active
-        h = rec.to_hidden(s, ctx)
-        if t == ceiling:
-            break
-        h_act = h[active]  # (N, d)
-        if prev is None:
-            halt = decide(t, h_act, None, None)  # (N,)
-        else:
-            rows = active.flatten().nonzero().squeeze(1)  # the same row order as h[active]
-            ask = lambda c, lp, lpp, t=t, h=h_act: decide(t, h[c], lp, lpp)  # noqa: E731
-            halt = prev.advance(h_act, ask, rows)
-        if bool(halt.any()):
-            new_active = active.clone()
-            new_active[active] = ~halt
-            active = new_active
-            if not bool(active.any()):
-                break
-    return h, depth
+    halting = TokenHalting(decide, skip=skip)
+    for last in model.unroll(model.prepare(x), ceiling, halting=halting):  # noqa: B007
+        pass
+    return last.hidden, halting.depth
 
 
 @torch.no_grad()
@@ -245,7 +159,7 @@ def evaluate_per_token(
     sum_nll, n_tok, n_correct, depth_sum = 0.0, 0, 0, 0
     hist = np.zeros(ceiling + 1, dtype=np.int64)
     for y, ((nll, correct), depth) in outs:
-        valid = y != -100
+        valid = y != IGNORE_INDEX
         sum_nll += float(nll.sum())
         n_tok += int(valid.sum())
         n_correct += int(correct.sum())
@@ -292,18 +206,14 @@ def harvest_router_data(
     from tqdm.auto import tqdm
 
     require_looped(model)
-    rec = model.recurrence
     feats, labels = [], []
     for x, y in tqdm(batches, disable=not progress, desc="harvest", leave=False):
         x, y = x.to(device), y.to(device)
-        valid = y != -100
-        ctx = model.prepare(x)
-        s = rec.init_state(ctx)
-        prev = PreviousReadout(model, rec.to_hidden(s, ctx)[valid])
-        core = model.core_call(ctx)
-        for t in range(1, ceiling):
-            s = rec.step(core, s, ctx, t - 1)
-            h = rec.to_hidden(s, ctx)[valid]  # (N, d)
+        valid = y != IGNORE_INDEX
+        steps = model.unroll(model.prepare(x), max(ceiling - 1, 1))  # decisions at t = 1 … C−1
+        prev = PreviousReadout(model, next(steps).hidden[valid])
+        for st in steps if ceiling > 1 else ():
+            h = st.hidden[valid]  # (N, d)
             kl = prev.advance(h, lambda _c, lp, lpp: readout_kl(lp, lpp))  # (N,)
             feats.append(LinearRouter.features(h).cpu())
             labels.append((kl < label_threshold).float().cpu())
@@ -356,3 +266,15 @@ def fit_router(
         "majority_accuracy": max(pos, 1 - pos),
     }
     return LinearRouter(w.detach().clone(), float(b.detach()), float(label_threshold), stats)
+
+
+__all__ = [
+    "KLHalt",
+    "LinearRouter",
+    "RouterHalt",
+    "evaluate_per_token",
+    "fit_router",
+    "harvest_router_data",
+    "per_token_halting",
+    "sparse_block_forward",
+]

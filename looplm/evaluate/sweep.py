@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from looplm.data.sources import DataSource
-from looplm.model.loss import linear_nll_and_correct
 
 
 @torch.no_grad()
@@ -39,15 +38,12 @@ def depth_sweep(
     batches = source.eval_batches(batch_size, max_tokens, n_examples)
     for x, y in tqdm(batches, disable=not progress, desc="eval", leave=False):
         x, y = x.to(device), y.to(device)
-        valid = y != -100
-        tgt = y[valid]  # (N,)
         for T, h in model.iter_depths(x, depths):
-            # chunked over rows: no full (N, V) fp32 logits table for the GPT-2 vocabulary
-            nll, hits = linear_nll_and_correct(model.norm_f(h[valid]), model.tok_emb.weight, tgt)
+            s = model.score(h, y)  # chunked: no (N, V) logits table for the GPT-2 vocabulary
             a = acc[T]
-            a["sum_nll"] += float(nll)
-            a["n_tokens"] += int(tgt.numel())
-            a["n_correct"] += int(hits)
+            a["sum_nll"] += float(s.nll)
+            a["n_tokens"] += int(s.n_tokens)
+            a["n_correct"] += int(s.correct)
     wall = time.perf_counter() - t0
     out = []
     for T in depths:

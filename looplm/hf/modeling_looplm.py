@@ -27,6 +27,7 @@ try:
     from looplm.config import model_config
     from looplm.generate import StaticKVCache, cached_hidden
     from looplm.model import model_from_config
+    from looplm.targets import IGNORE_INDEX
 except ImportError as exc:  # pragma: no cover - depends on the loading environment
     raise ImportError(
         "this exported model runs on the looplm package: pip install looplm (from the repository "
@@ -108,7 +109,9 @@ class LoopLMForCausalLM(PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+                logits[:, :-1].flatten(0, 1).float(),
+                labels[:, 1:].flatten(),
+                ignore_index=IGNORE_INDEX,
             )
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
 

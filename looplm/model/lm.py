@@ -11,7 +11,7 @@
 The shared core G is one block, or ``core_layers`` = k blocks composed into one update
 (:class:`~looplm.model.block.Core`). Positions are learned (absolute), rotary or absent
 (``model.positions``); ``model.attention=adjacency`` replaces causal attention by the input's graph
-(:func:`looplm.data.synthetic.adjacency_mask`) in every layer.
+(:func:`looplm.model.masks.adjacency_mask`) in every layer.
 
 The loop count is a call-time argument: one trained model is evaluated at any depth. States are kept
 only when asked for (``return_states=True``), so evaluation memory is flat in T.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,12 @@ from torch.utils.checkpoint import checkpoint
 from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
 from looplm.model.block import Block, BlockCall, Core, KVCache
-from looplm.model.loss import linear_cross_entropy
+from looplm.model.halting import UnrollHalting
+from looplm.model.loss import linear_cross_entropy, linear_nll_and_correct
+from looplm.model.masks import adjacency_mask
+from looplm.model.readout import score_tokens
 from looplm.model.recurrences import LoopContext, Recurrence, build_recurrence
+from looplm.targets import IGNORE_INDEX
 
 
 @dataclass
@@ -50,6 +54,15 @@ class LoopOutput:
 
 
 @dataclass
+class Scores:
+    """What :meth:`LanguageModelBase.score` reads from hidden states (summed or per token)."""
+
+    nll: torch.Tensor  # Σ NLL (scalar) or per token (B, L) float64, 0 where unscored
+    n_tokens: torch.Tensor  # number of scored positions (scalar)
+    correct: torch.Tensor | None  # argmax hits: a count or (B, L) bool; None with gradients
+
+
+@dataclass
 class LoopStep:
     """The loop state after ``t`` steps of one unroll (t = 0 is the initial state)."""
 
@@ -57,13 +70,16 @@ class LoopStep:
     state: torch.Tensor  # s_t in the recurrence's own coordinates (SCSE: Δ_t)
     context: LoopContext
     recurrence: Recurrence | None  # None: the state is the hidden state (unshared layers)
+    _hidden: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def hidden(self) -> torch.Tensor:
-        """h_t in hidden-state coordinates, before any coda (SCSE: h* + Δ_t)."""
+        """h_t in hidden-state coordinates, before any coda (SCSE: h* + Δ_t); computed once."""
         if self.recurrence is None:
             return self.state
-        return self.recurrence.to_hidden(self.state, self.context)
+        if self._hidden is None:
+            self._hidden = self.recurrence.to_hidden(self.state, self.context)
+        return self._hidden
 
 
 def check_loops(loops: int) -> int:
@@ -106,8 +122,6 @@ class LanguageModelBase(nn.Module):
         """The data-given attention mask (B, L, L) of ``model.attention=adjacency``, else None."""
         if self.config.attention != "adjacency":
             return None
-        from looplm.data.synthetic import adjacency_mask
-
         return adjacency_mask(input_ids)
 
     def finish(self, h: torch.Tensor, context: LoopContext | None = None, **kw) -> torch.Tensor:
@@ -195,20 +209,39 @@ class LanguageModelBase(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor, loops: int, **kw) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def _nll_from_hidden(
-        self, hs: list[torch.Tensor], targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed NLL over supervised positions (targets != -100), averaged over ``hs``."""
-        valid = targets != -100
+    def score(
+        self,
+        h: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        per_token: bool = False,
+        hits: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> Scores:
+        """The one scorer: the readout of states ``h`` (B, L, d) against ``targets`` (B, L) at
+        the positions whose target is not ``IGNORE_INDEX``, chunked over rows (no (N, V) logits
+        table is kept).
+
+        Summed (default): ``nll`` Σ NLL (float32, differentiable when gradients are on — the
+        training loss — with ``correct`` None then, as with ``hits=False``) and ``correct`` the
+        number of argmax hits.
+        ``per_token``: ``nll`` (B, L) float64 (0 where unscored) and ``correct`` (B, L) bool, the
+        logits cast to ``dtype`` before the log-softmax. ``n_tokens``: the scored positions.
+        A hit is the argmax over the whole vocabulary (task accuracy counts these).
+        """
+        valid = targets != IGNORE_INDEX
         n = valid.sum()
+        if per_token:
+            V = self.config.vocab_size
+            nll, correct = score_tokens(self.readout, h, targets, V, dtype=dtype)
+            return Scores(nll, n, correct)
         tgt = targets[valid]  # (N,)
-        total = 0.0
-        for h in hs:
-            # readout + CE over supervised positions only, chunked over rows (looplm.model.loss):
-            # no (N, V) fp32 logits are kept for the backward pass.
-            x = self.norm_f(h[valid])  # (N, d)
-            total = total + linear_cross_entropy(x, self.tok_emb.weight, tgt)
-        return total / len(hs), n
+        x = self.norm_f(h[valid])  # (N, d)
+        grad = torch.is_grad_enabled() and (x.requires_grad or self.tok_emb.weight.requires_grad)
+        if grad or not hits:
+            return Scores(linear_cross_entropy(x, self.tok_emb.weight, tgt), n, None)
+        nll, count = linear_nll_and_correct(x, self.tok_emb.weight, tgt)
+        return Scores(nll, n, count)
 
     def loss(
         self,
@@ -221,7 +254,7 @@ class LanguageModelBase(nn.Module):
         checkpoint_loops: bool = False,
         reduction: str = "mean",
     ) -> torch.Tensor:
-        """Mean next-token cross-entropy over positions whose target is not -100.
+        """Mean next-token cross-entropy over positions whose target is not ``IGNORE_INDEX``.
 
         objective ``final`` supervises only h_T (silent thinking); ``per_step`` averages the loss of
         every intermediate readout h_1 … h_T. ``truncate_k`` > 0 backpropagates through the last k
@@ -240,17 +273,21 @@ class LanguageModelBase(nn.Module):
         )
         if objective == "per_step":
             hs = hs[1:] if len(hs) > 1 else hs
-        total, n = self._nll_from_hidden(hs, targets)
-        return total if reduction == "sum" else total / n.clamp(min=1)
+        total = 0.0
+        for h in hs:  # summed NLL of each supervised readout, averaged over the readouts
+            scored = self.score(h, targets)
+            total = total + scored.nll
+        total = total / len(hs)
+        return total if reduction == "sum" else total / scored.n_tokens.clamp(min=1)
 
     @torch.no_grad()
     def nll_sum(
         self, input_ids: torch.Tensor, targets: torch.Tensor, loops: int
     ) -> tuple[float, int]:
         """(Σ NLL, number of predicted tokens) at depth ``loops`` — for token-weighted PPL."""
-        hs = self.hidden_states(input_ids, loops)
-        total, n = self._nll_from_hidden(hs, targets)
-        return float(total), int(n)
+        (h,) = self.hidden_states(input_ids, loops)
+        scored = self.score(h, targets, hits=False)
+        return float(scored.nll), int(scored.n_tokens)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         """Parameters the model carries (tied head counted once)."""
@@ -345,6 +382,7 @@ class LoopedLM(LanguageModelBase):
         core: BlockCall | None = None,
         truncate_k: int = 0,
         checkpoint_loops: bool = False,
+        halting: UnrollHalting | None = None,
     ) -> Iterator[LoopStep]:
         """The one unroll of the shared core: yields the :class:`LoopStep` of t = start … loops.
 
@@ -353,23 +391,45 @@ class LoopedLM(LanguageModelBase):
         cache, active rows) instead of ``self.core_call(context)``. ``truncate_k`` > 0 runs the
         first loops − k steps without gradient (truncated backprop); ``checkpoint_loops``
         recomputes each step in the backward pass. The caller may stop iterating at any step.
+
+        ``halting`` (:mod:`looplm.model.halting`) stops tokens or examples early: per token, halted
+        tokens keep their state and the core computes active rows only (once every token has
+        halted the unroll ends, or with a KV cache goes on writing keys/values only); per example,
+        stopped examples leave the batch (later steps carry the remaining rows). Its ``depth``
+        (and ``out`` per example) hold the result once the unroll is done.
         """
         check_start(start, check_loops(loops), state)
         rec = self.recurrence
         core = core if core is not None else self.core_call(context)
         s = rec.init_state(context) if state is None else state
-        yield LoopStep(start, s, context, rec)
+        first = LoopStep(start, s, context, rec)
+        if halting is not None:
+            if getattr(halting, "compacts", False) and core.cache is not None:
+                raise LoopLMError("per-example halting drops rows, which a KV cache cannot follow")
+            halting.start(self, first, loops)
+        yield first
         n_free = loops - truncate_k if 0 < truncate_k < loops else 0
         for t in range(start, loops):
-            if t < n_free:  # truncated backprop: early loops carry no gradient
-                with torch.no_grad():
-                    s = rec.step(core, s, context, t)
-            elif checkpoint_loops and torch.is_grad_enabled():
-                e, anchor = context.e, context.anchor  # passed so checkpoint tracks them
-                s = checkpoint(self._step_state, s, e, anchor, t, context, use_reentrant=False)
-            else:
-                s = rec.step(core, s, context, t)
-            yield LoopStep(t + 1, s, context, rec)
+            if halting is not None and not halting.running:  # all halted: frozen from here on
+                if core.cache is None:
+                    return
+                halting.keys_values_only(rec, core, s, context, t)  # later tokens read them
+                yield LoopStep(t + 1, s, context, rec)
+                continue
+            if halting is not None:
+                halting.bind(core)
+            new = self._advance(core, s, context, t, t < n_free, checkpoint_loops)
+            if halting is None:
+                s = new
+                yield LoopStep(t + 1, s, context, rec)
+                continue
+            s = halting.merge(s, new)
+            step = LoopStep(t + 1, s, context, rec)
+            compacted = halting.observe(step, loops)
+            yield step
+            if compacted is not None:  # stopped examples leave the batch
+                s, context = compacted
+                core = self.core_call(context)
 
     def hidden_states(
         self,
@@ -399,6 +459,19 @@ class LoopedLM(LanguageModelBase):
         for st in self.unroll(ctx, wanted[-1]):
             if st.t in wanted:
                 yield st.t, self.finish(st.hidden, ctx)
+
+    def _advance(
+        self, core: BlockCall, s: torch.Tensor, ctx: LoopContext, t: int, free: bool, ckpt: bool
+    ) -> torch.Tensor:
+        """s_t → s_{t+1}: without gradient when ``free`` (the early loops of truncated
+        backprop), recomputed in the backward pass when ``ckpt``, else plainly."""
+        if free:
+            with torch.no_grad():
+                return self.recurrence.step(core, s, ctx, t)
+        if ckpt and torch.is_grad_enabled():
+            e, anchor = ctx.e, ctx.anchor  # passed so checkpoint tracks them
+            return checkpoint(self._step_state, s, e, anchor, t, ctx, use_reentrant=False)
+        return self.recurrence.step(core, s, ctx, t)
 
     def _step_state(self, s, e, anchor, t, ctx):  # e/anchor passed so checkpoint tracks them
         return self.recurrence.step(self.core_call(ctx), s, ctx, t)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from looplm.model.loss import chunk_rows
+from looplm.targets import IGNORE_INDEX
 
 Readout = Callable[[torch.Tensor], torch.Tensor]
 
@@ -61,6 +62,29 @@ def readout_nll(
         logits = readout(h[c]).to(dtype)  # (n, V)
         nll[c] = F.cross_entropy(logits, targets[c], reduction="none").double()
         correct[c] = logits.argmax(-1) == targets[c]
+    return nll, correct
+
+
+@torch.no_grad()
+def score_tokens(
+    readout: Readout,
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_size: int | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token NLL (float64, 0 where unscored) and argmax hits (bool) of ``readout(h)`` at the
+    positions whose target is not ``IGNORE_INDEX``: h (B, L, d), targets (B, L) → (B, L) each.
+    Chunked over the scored rows (:func:`readout_nll`); ``vocab_size`` sizes the chunks (default:
+    read from one row's readout)."""
+    valid = targets != IGNORE_INDEX
+    nll = torch.zeros(targets.shape, dtype=torch.float64, device=targets.device)
+    correct = torch.zeros(targets.shape, dtype=torch.bool, device=targets.device)
+    if bool(valid.any()):
+        rows = h[valid]  # (N, d)
+        V = vocab_size or readout(rows[:1]).shape[-1]
+        nll[valid], correct[valid] = readout_nll(readout, rows, targets[valid], V, dtype=dtype)
     return nll, correct
 
 

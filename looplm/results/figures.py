@@ -195,6 +195,7 @@ def plot_depth_response(
     return shift
 
 
+# long: one figure's panels, axes and annotations
 def plot_adaptive(
     uniform: Sequence[Series],
     adaptive: Sequence[tuple[str, str, Series]],

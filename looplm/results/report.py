@@ -333,6 +333,7 @@ class _Builder(AdaptiveSections, FrontierSections):
             "",
         ]
 
+    # long: one table block's rows, columns and paired statistics
     def _delta_block(
         self,
         recs: list[EvalRecord],
@@ -468,6 +469,7 @@ def _problem(s: Summary) -> str:
     return "; ".join(parts) + f"; used {list(s.seeds)}"
 
 
+# long: the report's sections in reading order
 def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,

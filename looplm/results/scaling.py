@@ -242,6 +242,7 @@ class _Problem:
         return res if np.all(np.isfinite(res.fun)) else None
 
 
+# long: the fit's start grid, bounds and result fields together
 def fit_recurrence_scaling(
     r: Sequence[float],
     n_once: Sequence[float],

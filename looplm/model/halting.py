@@ -1,0 +1,321 @@
+"""Halting inside the unroll: which tokens or examples keep stepping, and when they stop.
+
+:meth:`looplm.model.lm.LoopedLM.unroll` takes a halting object and asks it, around every loop
+step, which rows the shared core computes and which states change. Two kinds exist:
+
+* :class:`TokenHalting` — **per-token** halting with frozen states. After every loop step
+  t < T a decision looks at the tokens still active; a halted token keeps its recurrent state
+  for the rest of the unroll and later, still active tokens keep attending to it. Once some token
+  has halted the core runs in its active-row mode (``Block(x, active=…)``: queries, attention
+  rows, output projection and SwiGLU for active rows only; keys and values for every row). With a
+  KV cache, steps after every token has halted still write the keys/values of each slot's block
+  input (:class:`KeysValuesOnly`), so later tokens find every slot filled. The per-token
+  evaluation (:mod:`looplm.evaluate.halting`) and adaptive decoding (:mod:`looplm.generate`) both
+  run through it.
+* :class:`ExampleHalting` — **per-example** early exit with row compaction: an example that stops
+  leaves the batch, so each later step costs only the examples still running (the max-token rule
+  of :mod:`looplm.evaluate.adaptive`).
+
+A decision is a callable ``decide(t, h, cur, prev) -> (n,) bool`` over the n active tokens (rows
+of ``h`` in row-major order of the active tokens). What it compares is declared by attributes:
+``needs_logits`` (default True) — ``cur``/``prev`` are ``log p_t``/``log p_{t−1}`` (float32,
+asked chunk by chunk of rows, so a decision that reads them must be row-wise);
+``needs_hidden`` — ``cur``/``prev`` are ``h_t``/``h_{t−1}``; neither — both are None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from looplm.errors import LoopLMError
+from looplm.model.readout import log_probs, readout_kl, row_chunks
+from looplm.model.recurrences import LoopContext
+
+
+# ============================================================================ statistics
+def relative_update(h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
+    """Per-token ``‖h − h_prev‖₂ / ‖h_prev‖₂``: (…, d) × 2 → (…) float64."""
+    num = (h.double() - h_prev.double()).norm(dim=-1)
+    den = h_prev.double().norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+    return num / den
+
+
+def max_token_updates(h: torch.Tensor, h_prev: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The per-example max-token statistic: max over scored tokens of the relative update, (B,)."""
+    r = relative_update(h, h_prev).masked_fill(~valid, 0.0)  # (B, L)
+    return r.amax(dim=1)
+
+
+def token_mask(state: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """(B, L) token mask → broadcastable over a recurrent state shaped (B, …, L, d)."""
+    B, L = active.shape
+    if state.dim() < 3 or state.shape[0] != B or state.shape[-2] != L:
+        raise LoopLMError(
+            f"per-token halting needs recurrent states shaped (batch, ..., length, width); "
+            f"got {tuple(state.shape)} for a ({B}, {L}) batch"
+        )
+    return active.view(B, *([1] * (state.dim() - 3)), L, 1)
+
+
+def index_context(ctx: LoopContext, idx: torch.Tensor) -> LoopContext:
+    """The context of the batch rows ``idx`` (every context tensor is batch-first)."""
+    return LoopContext(
+        e=ctx.e[idx], anchor=ctx.anchor[idx], extra={k: v[idx] for k, v in ctx.extra.items()}
+    )
+
+
+# ============================================================================ decisions
+class KLHalt:
+    """Halt when ``KL(p_t ‖ p_{t−1}) < threshold`` (reads the logits)."""
+
+    needs_logits = True
+
+    def __init__(self, threshold: float) -> None:
+        if not threshold >= 0:  # also rejects NaN
+            raise LoopLMError(f"KL threshold {threshold!r} must be >= 0")
+        self.threshold = float(threshold)
+
+    @property
+    def mode(self) -> str:
+        return f"kl:thr={self.threshold:g}"
+
+    def __call__(self, t: int, h, logp: torch.Tensor, logp_prev: torch.Tensor) -> torch.Tensor:
+        return readout_kl(logp, logp_prev) < self.threshold  # (N,)
+
+
+class UpdateHalt:
+    """Halt when the token's relative hidden update ``‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ < threshold``."""
+
+    needs_logits = False
+    needs_hidden = True
+
+    def __init__(self, threshold: float) -> None:
+        if not threshold >= 0:
+            raise LoopLMError(f"update threshold {threshold!r} must be >= 0")
+        self.threshold = float(threshold)
+
+    @property
+    def mode(self) -> str:
+        return f"maxtoken:thr={self.threshold:g}"
+
+    def __call__(self, t: int, h, cur: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        return relative_update(cur, prev) < self.threshold
+
+
+class PreviousReadout:
+    """``log p_{t−1}`` of N rows (float32, (N, V)), compared with the next readout chunk by chunk.
+
+    :meth:`advance` reads out new states of some rows, hands each chunk ``(rows, logp,
+    logp_prev)`` to ``fn`` and stores ``logp`` as the rows' new previous readout.
+    """
+
+    def __init__(self, model: nn.Module, h: torch.Tensor) -> None:
+        self.readout, self.vocab = model.readout, model.config.vocab_size
+        self.logp = torch.empty(h.shape[0], self.vocab, dtype=torch.float32, device=h.device)
+        for c in row_chunks(h.shape[0], self.vocab):
+            self.logp[c] = log_probs(self.readout, h[c], torch.float32)
+
+    def advance(
+        self,
+        h: torch.Tensor,
+        fn: Callable[[slice, torch.Tensor, torch.Tensor], torch.Tensor],
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """New states ``h`` (n, d) of ``rows`` (default: all N) → ``fn``'s outputs, concatenated."""
+        out = []
+        for c in row_chunks(h.shape[0], self.vocab):
+            idx = c if rows is None else rows[c]
+            logp = log_probs(self.readout, h[c], torch.float32)  # (n_c, V)
+            out.append(fn(c, logp, self.logp[idx]))
+            self.logp[idx] = logp
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=h.device)
+
+
+class PreviousHidden:
+    """``h_{t−1}`` of N rows ((N, d)); the same interface as :class:`PreviousReadout`."""
+
+    def __init__(self, model: nn.Module, h: torch.Tensor) -> None:
+        self.h = h
+
+    def advance(self, h: torch.Tensor, fn, rows: torch.Tensor | None = None) -> torch.Tensor:
+        prev = self.h if rows is None else self.h[rows]
+        out = fn(slice(None), h, prev)
+        # out of place: the table may share memory with a state (to_hidden can return it)
+        self.h = h if rows is None else self.h.index_put((rows,), h)
+        return out
+
+
+# ============================================================================ per token
+class TokenHalting:
+    """Per-token halting with frozen states for one unroll (see the module docstring).
+
+    ``decide``: the decision (asked after every loop step t < T about the active tokens).
+    ``skip``: run the core on active rows only once some token has halted (False: the dense core,
+    with halted tokens' states still frozen — the same results up to rounding, no work skipped).
+    After the unroll ``depth`` (B, L) int64 holds the loop steps each token took.
+    """
+
+    def __init__(self, decide: Callable, *, skip: bool = True) -> None:
+        self.decide, self.skip = decide, skip
+        self.active: torch.Tensor | None = None
+        self.depth: torch.Tensor | None = None
+        self.n_active = 0
+        self._prev: PreviousReadout | PreviousHidden | None = None
+        self._kv_core: KeysValuesOnly | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether any token is still active."""
+        return self.n_active > 0
+
+    @property
+    def dense(self) -> bool:
+        return self.n_active == self.active.numel()
+
+    def start(self, model: nn.Module, step, loops: int) -> None:
+        """Every token of the step's batch active; the previous readout/state from ``step``."""
+        B, L = step.context.e.shape[:2]
+        dev = step.context.e.device
+        self.active = torch.ones(B, L, dtype=torch.bool, device=dev)
+        self.depth = torch.full((B, L), loops, dtype=torch.long, device=dev)
+        self.n_active = B * L
+        table = None
+        if getattr(self.decide, "needs_logits", True):
+            table = PreviousReadout
+        elif getattr(self.decide, "needs_hidden", False):
+            table = PreviousHidden
+        self._prev = table(model, step.hidden.reshape(B * L, -1)) if table else None
+
+    def bind(self, core) -> None:
+        """Before a step: the core computes the active rows (all while every token is active)."""
+        core.active = None if (self.dense or not self.skip) else self.active
+
+    def merge(self, state: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """After a step: halted tokens keep their state."""
+        return new if self.dense else torch.where(token_mask(state, self.active), new, state)
+
+    def observe(self, step, loops: int) -> None:
+        """After step t < T: ask the decision about the active tokens; halt those it says."""
+        t = step.t
+        if t >= loops:
+            return
+        h = step.hidden
+        B, L = self.active.shape
+        # (N, d) rows of the active tokens (row-major); while all are active, a view
+        h_act = h.reshape(B * L, -1) if self.dense else h[self.active]
+        rows = None if self.dense else self.active.flatten().nonzero().squeeze(1)
+        if self._prev is None:
+            halt = self.decide(t, h_act, None, None)
+        else:
+            ask = lambda c, cur, prev: self.decide(t, h_act[c], cur, prev)  # noqa: E731
+            halt = self._prev.advance(h_act, ask, rows)
+        if bool(halt.any()):
+            stop = (
+                halt.view(B, L)
+                if self.dense
+                else self.active.clone().index_put_((self.active,), halt)
+            )
+            self.depth = self.depth.masked_fill(stop, t)
+            self.active = self.active & ~stop
+            self.n_active = int(self.active.sum())
+
+    def keys_values_only(self, rec: nn.Module, core, state, context, t: int) -> None:
+        """A step after every token has halted: each block call only writes its keys/values."""
+        if self._kv_core is None:
+            self._kv_core = KeysValuesOnly(core, self.active)
+        self._kv_core.calls = 0
+        rec.step(self._kv_core, state, context, t)
+
+
+class KeysValuesOnly:
+    """The core once every token of a cached pass has halted: each call only writes the
+    keys/values of its input into its slot(s) — the block's path for a call without active rows —
+    and returns G = 0 (the recurrence's result is discarded; the states stay frozen). The
+    keys/values are a function of the input alone, so an input equal to the one the same call
+    received at the previous step gets that step's keys/values copied when the cache can copy
+    (``copy_new``; a frozen SCSE state is the block input itself, so after the first halted step
+    no projection runs)."""
+
+    def __init__(self, core, no_rows: torch.Tensor) -> None:
+        self.core, self.no_rows = core, no_rows  # (B, L) all False
+        self.calls = 0  # block calls made in the current loop step
+        self.seen: dict[int, tuple[torch.Tensor, int]] = {}  # call → (input, first slot)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        core, i = self.core, self.calls
+        self.calls += 1
+        n = getattr(core.block, "n_layers", 1)
+        cache = core.cache
+        prev = self.seen.get(i)
+        if prev is not None and hasattr(cache, "copy_new") and torch.equal(prev[0], x):
+            for j in range(n):
+                cache.copy_new(prev[1] + j, core.slot + j, x.shape[-2])
+            core.slot += n
+        else:
+            self.seen[i] = (x, core.slot)
+            core.active = self.no_rows
+            core(x)
+        return torch.zeros_like(x)
+
+
+# ============================================================================ per example
+class ExampleHalting:
+    """Per-example early exit with row compaction for one unroll.
+
+    ``decide(t, h, h_prev, rows) -> (A,) bool`` is asked after every step t < T about the A
+    examples still running (``rows``: their indices in the original batch; h, h_prev (A, L, d)).
+    A stopped example leaves the batch. After the unroll ``out`` (B, L, d) holds each example's
+    final hidden state and ``depth`` (B,) its loop steps.
+    """
+
+    compacts = True
+
+    def __init__(self, decide: Callable) -> None:
+        self.decide = decide
+        self.out: torch.Tensor | None = None
+        self.depth: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
+        self._prev: torch.Tensor | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.rows is not None and self.rows.numel() > 0
+
+    def start(self, model: nn.Module, step, loops: int) -> None:
+        h = step.hidden
+        B = h.shape[0]
+        self.out = torch.empty_like(h)
+        self.depth = torch.full((B,), loops, dtype=torch.long, device=h.device)
+        self.rows = torch.arange(B, device=h.device)
+        self._prev = h
+
+    def bind(self, core) -> None:
+        pass
+
+    def merge(self, state: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return new
+
+    def observe(self, step, loops: int):
+        """After step t: record stopped examples; the compacted (state, context) or None."""
+        h, rows = step.hidden, self.rows
+        if step.t >= loops:
+            self.out[rows] = h
+            self.rows = rows[:0]
+            return None
+        stop = self.decide(step.t, h, self._prev, rows)  # (A,)
+        self._prev = h
+        if not bool(stop.any()):
+            return None
+        self.out[rows[stop]] = h[stop]
+        self.depth[rows[stop]] = step.t
+        keep = ~stop
+        self.rows, self._prev = rows[keep], h[keep]
+        if not self.running:
+            return None
+        return step.state[keep], index_context(step.context, keep)
+
+
+UnrollHalting = TokenHalting | ExampleHalting  # what ``LoopedLM.unroll(…, halting=…)`` takes
