@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "looplm.commands.diagnose",
     "looplm.commands.generate",
     "looplm.commands.export",
+    "looplm.commands.settings",
 ]
 
 

@@ -8,15 +8,14 @@ value and what is allowed. The resolved config is written into each run folder (
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from looplm.errors import LoopLMError
+from looplm.settings import build_settings, merge, parse_key_values
 
 GPT2_VOCAB = 50257
 BYTE_VOCAB = 257  # 256 byte values + end-of-text (id 256)
@@ -54,38 +53,38 @@ class ModelConfig:
     holds that method's own settings, validated against its ``Config`` dataclass.
     """
 
-    preset: str = "tiny"
-    recurrence: str = "scse"
-    recurrence_args: dict[str, Any] = field(default_factory=dict)
-    vocab_size: int = GPT2_VOCAB
-    tokenizer: str = "gpt2"
-    d_model: int = 384
-    n_heads: int = 6
-    d_ff: int = 1536
-    context: int = 128
-    dropout: float = 0.1
+    preset: str = "tiny"  # width preset, applied before the other model keys (listed above)
+    recurrence: str = "scse"  # the method: a registered recurrence, or unshared
+    recurrence_args: dict[str, Any] = field(default_factory=dict)  # the method's own settings
+    vocab_size: int = GPT2_VOCAB  # vocabulary size (GPT-2: 50257, bytes: 257)
+    tokenizer: str = "gpt2"  # gpt2 | bytes
+    d_model: int = 384  # width
+    n_heads: int = 6  # attention heads (must divide d_model)
+    d_ff: int = 1536  # SwiGLU hidden width
+    context: int = 128  # context window in tokens
+    dropout: float = 0.1  # dropout in training
     n_layers: int = 8  # unshared models only: number of distinct layers
     norm_eps: float = 1e-6  # RMSNorm ε (the paper is silent; 1e-6 is the toolkit's choice)
     # Initialisation (the paper is silent on all of it). ``normal``: every projection N(0, init_std)
     # and both embeddings N(0, emb_std). ``depth_scaled``: as normal, but the block's two residual
     # output projections (attention out, SwiGLU down) are N(0, init_std / sqrt(2·init_depth)) —
     # GPT-2's residual scaling with the unrolled loop depth as the layer count.
-    init: str = "normal"
-    init_std: float = 0.02
-    emb_std: float = 0.02
-    init_depth: int = 8
+    init: str = "normal"  # normal | depth_scaled (residual outputs scaled by 1/√(2·init_depth))
+    init_std: float = 0.02  # std of the projections at initialisation
+    emb_std: float = 0.02  # std of the token and position embeddings at initialisation
+    init_depth: int = 8  # depth_scaled: the loop depth counted as layers
     # Structural biases ("Thinking Deeper, Not Longer"): ``positions`` learned (absolute, the paper's) | rope
     # (rotary, relative) | none; ``attention`` causal | adjacency (a token attends only where the
     # input's graph allows — see looplm.model.masks.adjacency_mask; not causal).
-    positions: str = "learned"
-    rope_base: float = 10000.0
-    attention: str = "causal"
+    positions: str = "learned"  # learned (absolute) | rope (rotary, relative) | none
+    rope_base: float = 10000.0  # base of the rotary frequencies (positions=rope)
+    attention: str = "causal"  # causal | adjacency (graph in-neighbours, node tasks only)
     # Prelude–core–coda layout (Huginn/Ouro-style): non-looped layers applied once before the loop
     # (prelude) and after it (coda), and a looped core of ``core_layers`` layers that together form
     # the shared update G. Today's models are 0/1/0.
-    prelude_layers: int = 0
-    core_layers: int = 1
-    coda_layers: int = 0
+    prelude_layers: int = 0  # non-looped layers before the loop
+    core_layers: int = 1  # layers of the looped core (together the shared update G)
+    coda_layers: int = 0  # non-looped layers after the loop
 
     @property
     def is_looped(self) -> bool:
@@ -131,11 +130,13 @@ class DataConfig:
     dataset: str = "bool_logic"  # a synthetic task name or a corpus name (wikitext-2, ...)
     data_dir: str | None = None  # folder holding local corpora (e.g. ../shared/data)
     cache_dir: str | None = None  # token cache folder (default ~/.cache/looplm)
-    train_split: str = "train"
-    eval_split: str = "valid"
-    # synthetic tasks: difficulty range for training and for evaluation
+    train_split: str = "train"  # split trained on
+    eval_split: str = "valid"  # split evaluated on during and after training
+    # synthetic tasks: difficulty range [lo, hi] for training
     train_difficulty: list[int] = field(default_factory=lambda: [1, 3])
+    # synthetic tasks: difficulty range [lo, hi] for evaluation
     eval_difficulty: list[int] = field(default_factory=lambda: [1, 3])
+    # synthetic tasks: the task generator's own settings (e.g. seq_len for packed rows)
     task_args: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -149,31 +150,31 @@ class DataConfig:
 class TrainConfig:
     """Optimisation settings (paper defaults for the 22M recipe)."""
 
-    steps: int = 1200
-    batch_size: int = 32
-    grad_accum: int = 1
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup: int = 500
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    clip: float = 1.0
-    depth_min: int = 1
-    depth_max: int = 8
-    seed: int = 0
+    steps: int = 1200  # optimizer steps
+    batch_size: int = 32  # rows per step (per process, per accumulation step)
+    grad_accum: int = 1  # gradient accumulation steps per optimizer step
+    lr: float = 3e-4  # peak learning rate (AdamW)
+    min_lr_ratio: float = 0.1  # the cosine schedule's floor, as a fraction of lr
+    warmup: int = 500  # linear warmup steps
+    weight_decay: float = 0.1  # AdamW weight decay on matrices (norms and gains are not decayed)
+    beta1: float = 0.9  # AdamW β1
+    beta2: float = 0.95  # AdamW β2
+    clip: float = 1.0  # gradient-norm clipping limit
+    depth_min: int = 1  # smallest loop depth T drawn per step (uniformly)
+    depth_max: int = 8  # largest loop depth T drawn per step
+    seed: int = 0  # seed of the parameters, the data stream and the depth draws
     device: str = "auto"  # auto | cpu | cuda
     autocast: str = "auto"  # auto (bf16 on GPU) | bf16 | off
-    compile: bool = False
+    compile: bool = False  # torch.compile each block (one graph for every T)
     objective: str = "final"  # final (silent thinking) | per_step (intermediate supervision)
     truncate_k: int = 0  # >0: backprop only through the last k loops
     checkpoint_loops: bool = False  # activation checkpointing per loop step
-    log_every: int = 10
+    log_every: int = 10  # steps between metrics.jsonl lines
     eval_every: int = 0  # 0: only at the end
-    eval_batches: int = 8
+    eval_batches: int = 8  # batches of each evaluation during training
     ckpt_every: int = 0  # 0: only at the end
     nonfinite: str = "skip"  # skip | stop
-    tensorboard: bool = False
+    tensorboard: bool = False  # also log to TensorBoard (<out_dir>/tb)
     parallel: str = "ddp"  # under torchrun (WORLD_SIZE > 1): ddp | fsdp (FSDP2 fully_shard)
     peak_tflops: float = 790.0  # MFU denominator per GPU (H200 dense bf16, measured); 0: no MFU
     max_wall_s: float = 0.0  # >0: stop (checkpoint written) after this many seconds of training
@@ -218,8 +219,9 @@ class TrainConfig:
 class EvalConfig:
     """Evaluation settings."""
 
+    # loop depths of the evaluation after training
     depths: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 24, 32, 48])
-    batch_size: int = 32
+    batch_size: int = 32  # evaluation batch size
     max_tokens: int | None = None  # cap on evaluated tokens (None: whole split)
     n_examples: int = 512  # synthetic tasks: examples per difficulty
 
@@ -240,8 +242,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    out_dir: str = "runs/default"
-    name: str = ""
+    out_dir: str = "runs/default"  # the run folder (checkpoint, metrics, resolved config)
+    name: str = ""  # a free name for the run
     # The method's name in results (store rows, reports); "" means the recurrence name. Lets one
     # recurrence with different settings appear as distinct methods (e.g. the two looped baselines).
     method: str = ""
@@ -282,107 +284,19 @@ def model_config(preset: str, recurrence: str = "scse", **overrides: Any) -> Mod
         raise LoopLMError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
     values: dict[str, Any] = {"preset": preset, "recurrence": recurrence, **PRESETS[preset]}
     values.update(overrides)
-    cfg = _build(ModelConfig, values, "model")
-    cfg.validate()
-    return cfg
+    return _build(ModelConfig, values, "model")
 
 
 # ----------------------------------------------------------------------------- merging
 
 
-def _coerce(value: Any, typ: Any, key: str) -> Any:
-    """Convert ``value`` to the annotated type ``typ`` or raise naming ``key``."""
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if typ is Any:
-        return value
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise LoopLMError(f"{key}={value!r} must be a list")
-        return [_coerce(v, args[0], key) for v in value] if args else list(value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise LoopLMError(f"{key}={value!r} must be a mapping")
-        return dict(value)
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        raise LoopLMError(f"{key}={value!r} must be true or false")
-    if typ is int:
-        if isinstance(value, bool) or not (
-            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-        ):
-            raise LoopLMError(f"{key}={value!r} must be an integer")
-        return int(value)
-    if typ is float:
-        if isinstance(value, str):  # YAML 1.1 reads "3e-3" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise LoopLMError(f"{key}={value!r} must be a number")
-        return float(value)
-    if typ is str:
-        if not isinstance(value, str):
-            return str(value)
-        return value
-    return value
-
-
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise LoopLMError(
-            f"unknown config key {prefix}.{unknown[0]}; allowed: {', '.join(sorted(names))}"
-        )
-    kwargs = {}
-    for k, v in values.items():
-        typ = hints[k]
-        if dataclasses.is_dataclass(typ):
-            if not isinstance(v, dict):
-                raise LoopLMError(f"{prefix}.{k} must be a mapping")
-            kwargs[k] = _build(typ, v, f"{prefix}.{k}".lstrip("."))
-        else:
-            kwargs[k] = _coerce(v, typ, f"{prefix}.{k}".lstrip("."))
-    return cls(**kwargs)
-
-
-def _deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
-    for k, v in upd.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict) and k != "recurrence_args":
-            _deep_update(base[k], v)
-        elif isinstance(v, dict) and isinstance(base.get(k), dict):
-            base[k] = {**base[k], **v}
-        else:
-            base[k] = v
-    return base
+    return build_settings(cls, values, prefix, noun="config key")
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """``["train.steps=10", "model.recurrence_args.s=0.3"]`` → nested dict (YAML-typed values)."""
-    out: dict[str, Any] = {}
-    for item in overrides:
-        if "=" not in item:
-            raise LoopLMError(f"override {item!r} must look like key=value (e.g. train.steps=100)")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as exc:
-            raise LoopLMError(f"override {item!r}: cannot parse value ({exc})") from None
-        node = out
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return out
+    return parse_key_values(overrides)
 
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -410,8 +324,7 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
     if preset not in PRESETS:
         raise LoopLMError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
     raw["model"] = {**PRESETS[preset], **model_raw}
-    cfg = _build(RunConfig, raw, "")
-    return cfg.validate()
+    return _build(RunConfig, raw, "")
 
 
 def load_config(path_or_name: str | None, overrides: list[str] | None = None) -> RunConfig:
@@ -426,7 +339,7 @@ def load_config(path_or_name: str | None, overrides: list[str] | None = None) ->
         if not isinstance(loaded, dict):
             raise LoopLMError(f"config {path}: top level must be a mapping")
         raw = loaded
-    raw = _deep_update(raw, parse_overrides(overrides or []))
+    raw = merge(raw, parse_overrides(overrides or []))
     return config_from_dict(raw)
 
 

@@ -53,7 +53,7 @@ Config keys (all but ``base``, ``methods`` optional)::
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import os
 import re
 import sys
@@ -68,28 +68,17 @@ import yaml
 from looplm.config import UNSHARED, RunConfig, config_from_dict, parse_overrides
 from looplm.device import depth_list, progress_enabled
 from looplm.errors import LoopLMError
-from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys
+from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys, check_settings
+from looplm.grid import (
+    EvaluateSettings,
+    ExperimentSettings,
+    MethodSettings,
+    ReportSettings,
+    VariantSettings,
+)
+from looplm.settings import merge
 
-_TOP_KEYS = {
-    "full",
-    "name",
-    "out_root",
-    "store",
-    "report_dir",
-    "data_dir",
-    "torch_threads",
-    "protocol",
-    "base",
-    "methods",
-    "seeds",
-    "variants",
-    "evaluate",
-    "report",
-}
-_REPORT_KEYS = {"seeds", "train_depth_max", "allow_incomplete", "reference", "n_boot"}
-
-
-_METHOD_KEYS = {"name", "recurrence", "args", "overrides"}
+_TOP_KEYS = {f.name for f in dataclasses.fields(ExperimentSettings)}
 
 
 def _method_entry(m: Any, i: int) -> dict[str, Any]:
@@ -100,7 +89,7 @@ def _method_entry(m: Any, i: int) -> dict[str, Any]:
 
     if isinstance(m, str):
         m = {"name": m}
-    m = check_keys(m, _METHOD_KEYS, f"methods[{i}]")
+    m = check_settings(MethodSettings, m, f"methods[{i}]")
     if not m.get("name"):
         raise LoopLMError(f"methods[{i}] needs a name")
     name = str(m["name"])
@@ -117,13 +106,7 @@ def _method_entry(m: Any, i: int) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for k, v in upd.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
+    return merge(base, upd)
 
 
 @dataclass
@@ -189,15 +172,16 @@ def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise LoopLMError(f"experiment config {p}: not valid YAML ({exc})") from None
-    raw = check_keys(raw, _TOP_KEYS, "experiment")
+    raw = dict(check_settings(ExperimentSettings, raw, "experiment"))
     extra = raw.pop("full", None)
     if full:
         if not extra:
             raise LoopLMError(f"experiment config {p} has no 'full' section for --full")
         # the larger grid: its keys replace (mappings: merge into) the default grid's
-        raw = check_keys(
-            _merge(raw, check_keys(extra, _TOP_KEYS - {"full"}, "full")), _TOP_KEYS, "experiment"
-        )
+        raw = check_settings(
+            ExperimentSettings, _merge(raw, check_keys(extra, _TOP_KEYS - {"full"}, "full")),
+            "experiment",
+        )  # fmt: skip
     return p, raw
 
 
@@ -226,7 +210,7 @@ def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | Non
         raise LoopLMError(f"experiment config {p}: 'seeds' must be a list of integers")
     runs = []
     for i, var in enumerate(raw.get("variants") or [{"name": "", "overrides": []}]):
-        var = check_keys(var, {"name", "overrides"}, f"variants[{i}]")
+        var = check_settings(VariantSettings, var, f"variants[{i}]")
         vname = str(var.get("name") or "")
         overrides = var.get("overrides") or []
         if not isinstance(overrides, list):
@@ -263,6 +247,10 @@ def _evaluate_section(raw: dict[str, Any]) -> dict[str, Any]:
     from looplm.evaluate.kinds import configure_kinds, evaluate_keys
 
     ev = dict(check_keys(raw.get("evaluate") or {}, evaluate_keys(), "evaluate"))
+    common = {
+        k: v for k, v in ev.items() if k in {f.name for f in dataclasses.fields(EvaluateSettings)}
+    }
+    check_settings(EvaluateSettings, common, "evaluate")
     ev["depths"] = depth_list(ev.get("depths", DEFAULT_DEPTHS), "evaluate.depths")
     configure_kinds(ev)
     return ev
@@ -280,7 +268,7 @@ def load_experiment(
     data_dir = data_dir or raw.get("data_dir") or os.environ.get("LOOPLM_DATA_DIR")
     runs = _run_plans(raw, p, out_root, data_dir)
     ev = _evaluate_section(raw)
-    rep = check_keys(raw.get("report") or {}, _REPORT_KEYS, "report")
+    rep = check_settings(ReportSettings, raw.get("report") or {}, "report")
     threads = raw.get("torch_threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise LoopLMError(f"torch_threads={threads!r} must be a positive integer or null")
@@ -378,7 +366,7 @@ def evaluate_run(
             todo = ids if kind.name in redo else [i for i in ids if store.get(**i) is None]
             skipped += len(ids) - len(todo)
             if todo:
-                recs = kind.run(job, todo)
+                recs = kind.records(job, todo)
                 store.put_many(recs)
                 written += len(recs)
     return {"written": written, "skipped": skipped}

@@ -140,14 +140,17 @@ def run(args: argparse.Namespace) -> int:
     cfg = result.pop("config")
     print(format_table(result))
     if args.store:
+        from looplm.evaluate.kinds import get_kind
         from looplm.results.store import ResultsStore
 
-        records = adaptive_records(
-            result,
-            cfg,
-            tag=eval_tag(args.tag, max_tokens=args.max_tokens),
-            protocol=args.protocol,
-            extra={"checkpoint": str(args.checkpoint)},
+        records = get_kind("adaptive").stamp(
+            adaptive_records(
+                result,
+                cfg,
+                tag=eval_tag(args.tag, max_tokens=args.max_tokens),
+                protocol=args.protocol,
+                extra={"checkpoint": str(args.checkpoint)},
+            )
         )
         with ResultsStore(args.store) as store:
             store.put_many(records)

@@ -18,8 +18,6 @@ from pathlib import Path
 
 from looplm.errors import LoopLMError
 
-EVAL_TAG = "diagnostics"
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -250,36 +248,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _store(path: str, cfg, results: dict) -> None:
-    from looplm.data.corpora import canonical_split
-    from looplm.evaluate.records import protocol_name
-    from looplm.results.store import EvalRecord, ResultsStore
+    from looplm.evaluate.kinds.diagnostics import Diagnostics
+    from looplm.results.store import ResultsStore
 
-    s = results["summary"]
-    extra = {
-        **s,
-        "R_per_step": results["per_step"]["ratio"],
-        "gain_per_step": results["per_step"]["gain"],
-        "anchor_energy_per_step": results["per_step"]["anchor_energy"],
-        "kl_per_loop": results["convergence"]["kl_per_loop"],
-        "steering": results["steering"],
-        "checkpoint": results["checkpoint"],
-        "dtype": results["dtype"],
-        "batch_shape": results["batch_shape"],
-        "n_batches": results["n_batches"],
-    }
     with ResultsStore(path) as store:
-        store.put(
-            EvalRecord(
-                model_hash=results["model_hash"],
-                method=results["method"],
-                protocol=protocol_name(cfg),
-                dataset=results["data"]["dataset"],
-                split=canonical_split(results["data"]["split"]),
-                depth=results["loops"],
-                seed=results["seed"],
-                eval_tag=EVAL_TAG,
-                n_tokens=int(s["n_scored_tokens"] or 0),
-                sum_nll=float(s["sum_nll_T"] or 0.0),
-                extra=extra,
-            )
-        )
+        store.put(Diagnostics.record(cfg, results))

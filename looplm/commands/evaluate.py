@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 # long: one command's linear flow (fixed depths, LAMBADA, store, JSON), read top to bottom
 def run(args: argparse.Namespace) -> int:
     from looplm.evaluate import evaluate_checkpoint
-    from looplm.evaluate.records import eval_tag, fixed_depth_records
+    from looplm.evaluate.kinds import get_kind
+    from looplm.evaluate.records import eval_tag
     from looplm.io import atomic_write_json
 
     depths = parse_depths(args.depths)
@@ -94,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
     if args.store:
         from looplm.results.store import ResultsStore
 
-        records = fixed_depth_records(
+        # the kind that owns these rows: LAMBADA, another corpus (transfer) or the run's own
+        kind = "lambada" if args.lambada else "fixed"
+        if not args.lambada and result["dataset"] != cfg.data.dataset:
+            kind = "transfer"
+        records = get_kind(kind).depth_records(
             result["results"],
             cfg,
             dataset=result["dataset"],

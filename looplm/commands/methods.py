@@ -13,10 +13,6 @@ import argparse
 import json
 from typing import Any
 
-import yaml
-
-from looplm.errors import LoopLMError
-
 # The unshared controls and references, selected by preset (recurrence "unshared").
 UNSHARED_PRESETS: dict[str, str] = {
     "22m-unshared-4x320": "param-matched unshared control, 4 layers, width 320, 5 heads",
@@ -114,16 +110,9 @@ def run_methods(args: argparse.Namespace) -> int:
 
 
 def _parse_kv(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise LoopLMError(f"setting {item!r} must look like key=value (e.g. lanes=2)")
-        k, v = item.split("=", 1)
-        try:
-            out[k.strip()] = yaml.safe_load(v) if v != "" else ""
-        except yaml.YAMLError as exc:
-            raise LoopLMError(f"setting {item!r}: cannot parse value ({exc})") from None
-    return out
+    from looplm.settings import parse_key_values
+
+    return parse_key_values(items, what="setting", example="lanes=2")
 
 
 def run_params(args: argparse.Namespace) -> int:

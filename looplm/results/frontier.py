@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from looplm.errors import LoopLMError
+from looplm.results.sections import ReportSection, register_section
 from looplm.results.store import EvalRecord
 
 _SPLIT = re.compile(r"^difficulty=(\d+)$")
@@ -228,34 +229,42 @@ def is_frontier_record(rec: EvalRecord) -> bool:
     return difficulty_of(rec) is not None or "propagation" in rec.extra
 
 
-class FrontierSections:
-    """The report builder's frontier section (uses its ``md``, ``json``, ``figures``,
-    ``reference``, ``make_figures`` and ``_unique_slug``)."""
+@register_section
+class FrontierSection(ReportSection):
+    """Frontier heat maps, best accuracy per difficulty, climb shape and extrapolation per
+    (protocol, task), and the propagation-depth table of node tasks."""
 
-    def _frontier_section(self, recs: list[EvalRecord]) -> None:
+    name = "frontier"
+    kinds = ("frontier", "propagation")
+    order = 40
+
+    def write(self, recs: list[EvalRecord]) -> None:
         from looplm.results.tables import md_escape, method_order
 
         prop = [r for r in recs if "propagation" in r.extra]
         acc = frontier_records(recs)
-        self.json.setdefault("frontier", [])
+        self.report.json.setdefault("frontier", [])
         for (proto, task), grp in sorted(_groups(acc, ("protocol", "dataset")).items()):
-            methods = method_order(sorted({r.method for r in grp}), self.reference)
+            methods = method_order(sorted({r.method for r in grp}), self.report.reference)
             train = _train_range(grp)
             entry: dict[str, Any] = {"protocol": proto, "task": task, "train_difficulty": train}
-            self.md += [f"## Computational frontier — `{md_escape(task)}`, protocol `{proto}`", ""]
-            if self.make_figures:
-                name = self._unique_slug("frontier", [proto, task])
-                path = Path(self.out_dir) / "figures" / f"{name}.png"
+            self.report.md += [
+                f"## Computational frontier — `{md_escape(task)}`, protocol `{proto}`",
+                "",
+            ]
+            if self.report.make_figures:
+                name = self.report.unique_slug("frontier", [proto, task])
+                path = Path(self.report.out_dir) / "figures" / f"{name}.png"
                 if plot_heatmap(grp, methods, path, title=f"{task}: accuracy over T × difficulty",
                                 train_difficulty=train):  # fmt: skip
-                    self.figures.append(path)
+                    self.report.figures.append(path)
                     entry["figure"] = f"figures/{name}.png"
-                    self.md += [f"![frontier {task}](figures/{name}.png)", ""]
+                    self.report.md += [f"![frontier {task}](figures/{name}.png)", ""]
             self._frontier_best_table(grp, methods, entry)
             self._frontier_climb(grp, methods, entry)
             if train:
                 self._frontier_extrapolation(grp, methods, train[1], entry)
-            self.json["frontier"].append(entry)
+            self.report.json["frontier"].append(entry)
         if prop:
             self._propagation_section(prop)
 
@@ -263,7 +272,7 @@ class FrontierSections:
         from looplm.results.tables import md_escape
 
         diffs = sorted({difficulty_of(r) for r in grp})
-        self.md += [
+        self.report.md += [
             "Best accuracy over T (mean over seeds) and the T that reaches it, per difficulty:",
             "",
             "| Method | " + " | ".join(f"d={d}" for d in diffs) + " |",
@@ -280,12 +289,12 @@ class FrontierSections:
                 row = mean[ds.index(d)]
                 j = int(np.nanargmax(row))
                 cells.append(f"{100 * row[j]:.1f} (T={depths[j]})")
-            self.md.append(f"| {md_escape(m)} | " + " | ".join(cells) + " |")
+            self.report.md.append(f"| {md_escape(m)} | " + " | ".join(cells) + " |")
             entry["grid"][m] = {
                 "difficulties": ds, "depths": depths, "mean": mean.tolist(),
                 "std": std.tolist(), "n_seeds": n,
             }  # fmt: skip
-        self.md.append("")
+        self.report.md.append("")
 
     def _frontier_climb(self, grp, methods, entry) -> None:
         from looplm.results.tables import md_escape
@@ -294,7 +303,7 @@ class FrontierSections:
         entry["climb"] = rows
         diffs = sorted({r["difficulty"] for r in rows})
         cell = {(r["method"], r["difficulty"]): r for r in rows}
-        self.md += [
+        self.report.md += [
             "Climb of accuracy with T up to its peak (seed means; fixed-depth models left out): "
             "*abrupt* when one step between evaluated depths carries ≥ 50% of the rise, else "
             "*gradual*; the number is that largest step's share of the rise; *from chance* when "
@@ -318,15 +327,15 @@ class FrontierSections:
                     f"{kind} {100 * r['max_step_share']:.0f}% {start}"
                     + (f" ↓{drop}" if drop >= 1 else "")
                 )
-            self.md.append(f"| {md_escape(m)} | " + " | ".join(out) + " |")
-        self.md.append("")
+            self.report.md.append(f"| {md_escape(m)} | " + " | ".join(out) + " |")
+        self.report.md.append("")
 
     def _frontier_extrapolation(self, grp, methods, train_max: int, entry) -> None:
         from looplm.results.tables import md_escape
 
-        ref = self.reference if self.reference in methods else methods[0]
+        ref = self.report.reference if self.report.reference in methods else methods[0]
         base = extrapolation_by_seed(grp, ref, train_max)
-        self.md += [
+        self.report.md += [
             f"Extrapolation: accuracy pooled over difficulties > {train_max} (beyond training) at "
             f"the deepest evaluated T, per seed; paired Δ = method − `{ref}` (95% t half-width):",
             "",
@@ -344,16 +353,16 @@ class FrontierSections:
             hw = f" ± {100 * d['half_width']:.1f}" if math.isfinite(d["half_width"]) else ""
             delta = "–" if m == ref else f"{100 * d['delta']:+.1f}{hw}"
             spread = f" ± {100 * sd:.1f}" if math.isfinite(sd) else ""
-            self.md.append(
+            self.report.md.append(
                 f"| {md_escape(m)} | {100 * np.mean(vals):.1f}{spread} | {delta} | {len(vals)} |"
             )
             entry["extrapolation"][m] = {"per_seed": mine, "paired_vs_reference": d}
-        self.md.append("")
+        self.report.md.append("")
 
     def _propagation_section(self, prop: list[EvalRecord]) -> None:
         from looplm.results.tables import md_escape
 
-        self.md += [
+        self.report.md += [
             "## Propagation depth on the adjacency-masked graph task",
             "",
             "First loop step from which each reachable query stays correct, against its true "
@@ -366,29 +375,29 @@ class FrontierSections:
             "earlier than possible |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
-        self.json["propagation"] = []
+        self.report.json["propagation"] = []
         pooled: dict[str, dict[str, list]] = {}
         for r in sorted(prop, key=lambda r: (r.method, r.seed)):
             s = r.extra["propagation"]
-            self.md.append(
+            self.report.md.append(
                 f"| {md_escape(r.method)} | {r.seed} | {s['n_reachable_correct']} | "
                 f"{s.get('pearson_r', math.nan):.3f} | {s.get('spearman_rho', math.nan):.3f} | "
                 f"{100 * s['exact']:.1f}% | {100 * s['early']:.1f}% |"
             )
-            self.json["propagation"].append({"method": r.method, "seed": r.seed, **s})
+            self.report.json["propagation"].append({"method": r.method, "seed": r.seed, **s})
             p = pooled.setdefault(r.method, {"distance": [], "first_correct": [], "min_step": []})
             p["distance"] += r.extra["distance"]
             p["first_correct"] += r.extra["first_correct"]
             p["min_step"] += r.extra.get("min_step", r.extra["distance"])
-        self.md.append("")
-        if self.make_figures:
+        self.report.md.append("")
+        if self.report.make_figures:
             for m, p in pooled.items():
-                name = self._unique_slug("propagation", [m])
-                path = Path(self.out_dir) / "figures" / f"{name}.png"
+                name = self.report.unique_slug("propagation", [m])
+                path = Path(self.report.out_dir) / "figures" / f"{name}.png"
                 pts = {k: np.asarray(v) for k, v in p.items()}
                 plot_propagation(pts, path, title=f"{m}: first correct step vs hop distance")
-                self.figures.append(path)
-                self.md += [f"![propagation {m}](figures/{name}.png)", ""]
+                self.report.figures.append(path)
+                self.report.md += [f"![propagation {m}](figures/{name}.png)", ""]
 
 
 def _groups(recs: Sequence[EvalRecord], fields: tuple[str, ...]) -> dict[tuple, list]:

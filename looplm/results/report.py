@@ -16,12 +16,14 @@
   fit (collapse onto the effective-parameter axis, and predicted vs observed).
 * ``results.json`` — every number in the tables (per-seed values included), strict JSON.
 
+Sections (:mod:`looplm.results.sections`): every record goes to the section of the evaluation
+kind that wrote it (fixed-depth, transfer, LAMBADA and diagnostics rows: the depth tables here;
+adaptive rows: :mod:`looplm.results.report_adaptive`; frontier and propagation rows:
+:mod:`looplm.results.frontier`; scaling rows: the φ fit here; a plugin kind: its own section).
 Grouping rules (:mod:`looplm.results.tables`): rows are (method, model_hash); when a method has
-several model hashes in one table the row label carries the short hash. Records whose ``extra``
-holds scaling-sweep fields go to the scaling section only. Methods named ``unshared*`` are
-absolute references and are not bolded (as in the paper), unless they are the only rows. The
-figures are drawn by :mod:`looplm.results.figures`, the adaptive sections by
-:mod:`looplm.results.report_adaptive`.
+several model hashes in one table the row label carries the short hash. Methods named
+``unshared*`` are absolute references and are not bolded (as in the paper), unless they are the
+only rows. The figures are drawn by :mod:`looplm.results.figures`.
 """
 
 from __future__ import annotations
@@ -38,24 +40,15 @@ from typing import Any
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.results.figures import Series, plot_depth_response, plot_scaling
-from looplm.results.frontier import FrontierSections, is_frontier_record
-from looplm.results.report_adaptive import AdaptiveSections
-from looplm.results.scaling import (
-    bootstrap_records,
-    fit_records,
-    is_scaling_record,
-    scaling_points,
+from looplm.results.scaling import bootstrap_records, fit_records, scaling_points
+from looplm.results.sections import (
+    ReportContext,
+    ReportSection,
+    register_section,
+    report_sections,
+    section_of,
 )
-from looplm.results.stats import (
-    DEFAULT_SEEDS,
-    EXPANDED_SEEDS,
-    PairedDelta,
-    SeedSpec,
-    Summary,
-    paired_deltas,
-    resolve_seed_set,
-    summarize,
-)
+from looplm.results.stats import PairedDelta, SeedSpec, Summary, paired_deltas, resolve_seed_set
 from looplm.results.store import EvalRecord, group_by, load_records
 from looplm.results.tables import (
     REFERENCE_PREFIX,
@@ -65,10 +58,8 @@ from looplm.results.tables import (
     has_accuracy,
     md_escape,
     mean_std_table,
-    method_order,
     row_keys,
     row_labels,
-    slug,
 )
 
 CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag", "calibration")
@@ -88,137 +79,24 @@ class ReportResult:
     incomplete: list[str] = field(default_factory=list)
 
 
-class _Builder(AdaptiveSections, FrontierSections):
-    def __init__(
-        self,
-        records: list[EvalRecord],
-        *,
-        source: str,
-        out_dir: Path,
-        reference: str,
-        seeds: SeedSpec,
-        train_depth_max: int,
-        allow_incomplete: bool,
-        n_boot: int,
-        boot_seed: int,
-        confidence: float,
-        ppl_shift: float | None,
-        figures: bool,
-    ) -> None:
-        self.records = records
-        self.source = source
-        self.out_dir = out_dir
-        self.reference = reference
-        self.seed_spec = seeds
-        self.train_depth_max = train_depth_max
-        self.on_incomplete = "mark" if allow_incomplete else "raise"
-        self.n_boot, self.boot_seed, self.confidence = n_boot, boot_seed, confidence
-        self.ppl_shift = ppl_shift
-        self.make_figures = figures
-        self.md: list[str] = []
-        self.json: dict[str, Any] = {}
-        self.figures: list[Path] = []
-        self.incomplete: list[str] = []
-        self._slugs: set[str] = set()
-        methods = sorted({r.method for r in records})
-        self.colors = {m: f"C{i % 10}" for i, m in enumerate(method_order(methods, reference))}
-        # the paired-delta seed restriction: explicit sets restrict, "auto"/"all" pair what exists
-        if seeds is None or (isinstance(seeds, str) and seeds in ("auto", "all")):
-            self.pair_seeds = None
-        else:
-            self.pair_seeds = resolve_seed_set(seeds)
+@register_section
+class DepthSection(ReportSection):
+    """Methods × depths tables per evaluation context (protocol × dataset × split × eval tag ×
+    calibration): PPL and task accuracy (mean ± std over seeds), the depth-response figure and
+    the paired deltas against the reference."""
 
-    # -- helpers --------------------------------------------------------------------------
-    def _unique_slug(self, prefix: str, parts: Sequence[Any]) -> str:
-        base = f"{prefix}_{slug(parts)}"
-        name, i = base, 2
-        while name in self._slugs:
-            name, i = f"{base}_{i}", i + 1
-        self._slugs.add(name)
-        return name
+    name = "fixed_depth"
+    kinds = ("fixed", "transfer", "lambada", "diagnostics")
+    order = 10
+    json_keys = ("fixed_depth",)
 
-    def _summary(self, recs: list[EvalRecord], metric: str, label: str) -> Summary:
-        s = summarize(
-            recs,
-            metric,
-            required_seeds=self.seed_spec,
-            on_incomplete=self.on_incomplete,
-            label=label,
-        )
-        if not s.complete:
-            self.incomplete.append(f"{label} ({metric}): " + _problem(s))
-        return s
-
-    def _seed_text(self) -> str:
-        spec = self.seed_spec
-        if isinstance(spec, str) and spec == "auto":
-            return (
-                f"auto: the expanded set {list(EXPANDED_SEEDS)} where all of it is present, "
-                f"else the default set {list(DEFAULT_SEEDS)}"
-            )
-        if spec is None or spec == "all":
-            return "all seeds present (no required set)"
-        return f"required seeds {list(resolve_seed_set(spec))}"
-
-    # -- sections -------------------------------------------------------------------------
-    def build(self) -> None:
-        scaling = [r for r in self.records if is_scaling_record(r)]
-        frontier = [r for r in self.records if is_frontier_record(r)]
-        rest = [r for r in self.records if not is_scaling_record(r) and not is_frontier_record(r)]
-        fixed = [r for r in rest if not r.adaptive_mode]
-        adaptive = [r for r in rest if r.adaptive_mode]
-        self.md += [
-            "# looplm results report",
-            "",
-            f"Source: `{self.source}` ({len(self.records)} evaluations). "
-            f"Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.",
-            "",
-            "Aggregation (paper, *Seed Protocol and Aggregation*): per seed, PPL = "
-            "exp(Σ NLL / Σ tokens) over all batches; cells show the mean ± sample std (ddof = 1) "
-            f"over seeds; seed set: {self._seed_text()}. Paired deltas Δ = "
-            f"`{self.reference}` − method are matched by seed and loop depth; ± is the "
-            f"{self.confidence:.0%} small-sample t half-width and [lo, hi] the deterministic "
-            f"paired-bootstrap percentile interval ({self.n_boot:,} resamples, seed "
-            f"{self.boot_seed}). † marks extra-loop depths T > {self.train_depth_max}.",
-            "",
-        ]
-        self.json = {
-            "source": self.source,
-            "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "n_records": len(self.records),
-            "reference": self.reference,
-            "seed_set": self.seed_spec
-            if isinstance(self.seed_spec, (str, type(None)))
-            else list(self.seed_spec),
-            "train_depth_max": self.train_depth_max,
-            "confidence": self.confidence,
-            "n_boot": self.n_boot,
-            "boot_seed": self.boot_seed,
-            "fixed_depth": [],
-            "adaptive": [],
-            "scaling": [],
-        }
-        fixed_ctx = group_by(fixed, CONTEXT_FIELDS)
-        for key in sorted(fixed_ctx):
-            self._fixed_section(dict(zip(CONTEXT_FIELDS, key)), fixed_ctx[key])
-        adaptive_ctx = group_by(adaptive, ADAPTIVE_CONTEXT_FIELDS)
-        for key in sorted(adaptive_ctx):
-            self._adaptive_section(
-                dict(zip(ADAPTIVE_CONTEXT_FIELDS, key)), adaptive_ctx[key], fixed
-            )
-        if scaling:
-            self._scaling_section(scaling)
-        if frontier:
-            self._frontier_section(frontier)
-        if self.incomplete:
-            self.md += ["## Incomplete summaries", ""]
-            self.md += [f"- {md_escape(x)}" for x in self.incomplete]
-            self.md.append("")
-        self.json["incomplete"] = self.incomplete
-        self.json["figures"] = [str(p.relative_to(self.out_dir)) for p in self.figures]
+    def write(self, records: list[EvalRecord]) -> None:
+        groups = group_by(records, CONTEXT_FIELDS)
+        for key in sorted(groups):
+            self._fixed_section(dict(zip(CONTEXT_FIELDS, key)), groups[key])
 
     def _depth_header(self, depths: Sequence[int]) -> list[str]:
-        return [f"T={d}" + ("†" if d > self.train_depth_max else "") for d in depths]
+        return [f"T={d}" + ("†" if d > self.report.train_depth_max else "") for d in depths]
 
     def _table(
         self,
@@ -238,7 +116,7 @@ class _Builder(AdaptiveSections, FrontierSections):
 
     def _fixed_section(self, ctx: dict[str, str], recs: list[EvalRecord]) -> None:
         title = context_title(ctx)
-        rows = row_keys(recs, self.reference)
+        rows = row_keys(recs, self.report.reference)
         labels = row_labels(rows)
         by_cell = group_by(recs, ("method", "model_hash", "depth"))
         depths = sorted({r.depth for r in recs})
@@ -246,20 +124,20 @@ class _Builder(AdaptiveSections, FrontierSections):
         acc: dict[tuple[tuple[str, str], int], Summary] = {}
         for (m, h, d), cell in by_cell.items():
             label = f"{title}: {labels[(m, h)]} T={d}"
-            ppl[((m, h), d)] = self._summary(cell, "ppl", label)
+            ppl[((m, h), d)] = self.report.summary(cell, "ppl", label)
             acc_recs = [r for r in cell if has_accuracy(r)]
             if acc_recs:
-                acc[((m, h), d)] = self._summary(acc_recs, "accuracy", label)
-        self.md += [f"## {title}", "", "### PPL (mean ± std over seeds)", ""]
+                acc[((m, h), d)] = self.report.summary(acc_recs, "accuracy", label)
+        self.report.md += [f"## {title}", "", "### PPL (mean ± std over seeds)", ""]
         lines, dec = self._table(rows, labels, depths, ppl)
-        self.md += lines
+        self.report.md += lines
         bold_note = "**Bold**: lowest mean per column"
         if any(k[0].startswith(REFERENCE_PREFIX) for k in rows):
             bold_note += " among shared-block rows (unshared* rows are absolute references)"
         bold_note += "."
         if not all(s.complete for s in ppl.values()):
             bold_note += " ⚠: incomplete seed set (listed at the end)."
-        self.md += ["", bold_note, ""]
+        self.report.md += ["", bold_note, ""]
         entry: dict[str, Any] = {
             "context": ctx,
             "depths": depths,
@@ -274,26 +152,26 @@ class _Builder(AdaptiveSections, FrontierSections):
                 for k in rows
             ],
         }
-        if self.make_figures and len(depths) >= 2:
+        if self.report.make_figures and len(depths) >= 2:
             self._depth_figure(ctx, rows, labels, depths, ppl, entry)
         # paired deltas vs the reference
         entry["deltas"] = self._delta_block(recs, rows, labels, "ppl", "PPL", dec + 1)
         if acc:
-            self.md += ["### Task accuracy (%, mean ± std over seeds)", ""]
+            self.report.md += ["### Task accuracy (%, mean ± std over seeds)", ""]
             lines, adec = self._table(rows, labels, depths, acc, scale=100.0, lower_is_better=False)
-            self.md += lines
-            self.md += ["", "**Bold**: highest mean per column.", ""]
+            self.report.md += lines
+            self.report.md += ["", "**Bold**: highest mean per column.", ""]
             acc_recs = [r for r in recs if has_accuracy(r)]
             entry["accuracy_deltas"] = self._delta_block(
                 acc_recs,
-                row_keys(acc_recs, self.reference),
+                row_keys(acc_recs, self.report.reference),
                 labels,
                 "accuracy",
                 "accuracy, percentage points",
                 adec + 1,
                 scale=100.0,
             )
-        self.json["fixed_depth"].append(entry)
+        self.report.json["fixed_depth"].append(entry)
 
     def _depth_figure(
         self,
@@ -311,25 +189,25 @@ class _Builder(AdaptiveSections, FrontierSections):
             ds = [d for d in depths if (k, d) in ppl and math.isfinite(ppl[(k, d)].mean)]
             if ds:
                 means, stds = [ppl[(k, d)].mean for d in ds], [ppl[(k, d)].std for d in ds]
-                series.append(Series(labels[k], ds, means, stds, self.colors[k[0]]))
+                series.append(Series(labels[k], ds, means, stds, self.report.colors[k[0]]))
         if not series:
             return
-        slug = self._unique_slug("depth_response", ctx.values())
-        path = self.out_dir / "figures" / f"{slug}.png"
+        slug = self.report.unique_slug("depth_response", ctx.values())
+        path = self.report.out_dir / "figures" / f"{slug}.png"
         shift = plot_depth_response(
             series,
             path,
-            train_depth_max=self.train_depth_max,
-            shift=self.ppl_shift,
+            train_depth_max=self.report.train_depth_max,
+            shift=self.report.ppl_shift,
             title=context_title(ctx, code=False),
         )
-        self.figures.append(path)
+        self.report.figures.append(path)
         entry["depth_response_figure"] = {"path": f"figures/{slug}.png", "ppl_shift": shift}
-        self.md += [
+        self.report.md += [
             f"![PPL vs loop depth, {title}](figures/{slug}.png)",
             "",
             f"*Depth response: PPL axis log(PPL − {shift:g}), ticks in PPL; "
-            f"stars mark per-method minima; shaded: T > {self.train_depth_max}.*",
+            f"stars mark per-method minima; shaded: T > {self.report.train_depth_max}.*",
             "",
         ]
 
@@ -344,19 +222,19 @@ class _Builder(AdaptiveSections, FrontierSections):
         dec: int,
         scale: float = 1.0,
     ) -> list[dict[str, Any]]:
-        ref_rows = [k for k in rows if k[0] == self.reference]
-        others = [k for k in rows if k[0] != self.reference]
+        ref_rows = [k for k in rows if k[0] == self.report.reference]
+        others = [k for k in rows if k[0] != self.report.reference]
         if not others:
             return []
         if not ref_rows:
-            self.md += [
-                f"*No paired deltas: reference method `{self.reference}` is not in this table.*",
+            self.report.md += [
+                f"*No paired deltas: reference method `{self.report.reference}` is not in this table.*",
                 "",
             ]
             return []
         if len(ref_rows) > 1:
-            self.md += [
-                f"*No paired deltas: reference `{self.reference}` has several model "
+            self.report.md += [
+                f"*No paired deltas: reference `{self.report.reference}` has several model "
                 f"configurations here ({', '.join(h[:8] for _, h in ref_rows)}); give "
                 "them distinct protocols to compare them separately.*",
                 "",
@@ -370,26 +248,26 @@ class _Builder(AdaptiveSections, FrontierSections):
                 by_row[ref],
                 by_row[k],
                 metric,
-                seeds=self.pair_seeds,
-                confidence=self.confidence,
-                n_boot=self.n_boot,
-                boot_seed=self.boot_seed,
+                seeds=self.report.pair_seeds,
+                confidence=self.report.confidence,
+                n_boot=self.report.n_boot,
+                boot_seed=self.report.boot_seed,
             ):
                 out.append({"method": k[0], "model_hash": k[1], "label": labels[k], **pd.to_dict()})
                 lines.append(self._delta_line(labels[k], pd, scale, dec))
         if lines:
             lower = "lower" if metric != "accuracy" else "lower (worse)"
-            self.md += [
-                f"### Paired deltas vs `{self.reference}` ({unit}; Δ = {self.reference} − method)",
+            self.report.md += [
+                f"### Paired deltas vs `{self.report.reference}` ({unit}; Δ = {self.report.reference} − method)",
                 "",
                 "| Method | T | n | Δ mean ± t-hw | bootstrap interval | seeds |",
                 "|---|---:|---:|---:|---:|---|",
             ]
-            self.md += lines
-            self.md += [
+            self.report.md += lines
+            self.report.md += [
                 "",
-                f"Negative Δ: `{self.reference}` is {lower}. ± is the "
-                f"{self.confidence:.0%} t half-width (n − 1 degrees of freedom); the "
+                f"Negative Δ: `{self.report.reference}` is {lower}. ± is the "
+                f"{self.report.confidence:.0%} t half-width (n − 1 degrees of freedom); the "
                 "bootstrap interval resamples paired seeds. Intervals are paired "
                 "robustness checks, not large-sample significance claims.",
                 "",
@@ -404,14 +282,27 @@ class _Builder(AdaptiveSections, FrontierSections):
             if math.isfinite(pd.boot_lo)
             else "n/a"
         )
-        tmark = "†" if pd.depth > self.train_depth_max else ""
+        tmark = "†" if pd.depth > self.report.train_depth_max else ""
         return (
             f"| {md_escape(label)} | {pd.depth}{tmark} | {pd.n} | {mean} ± {hw} | {boot} | "
             f"{','.join(map(str, pd.seeds))} |"
         )
 
+
+@register_section
+class ScalingSection(ReportSection):
+    """The recurrence scaling-law fit (φ with its bootstrap interval) per method and sweep."""
+
+    name = "scaling"
+    kinds = ("scaling",)
+    order = 30
+    json_keys = ("scaling",)
+
+    def write(self, records: list[EvalRecord]) -> None:
+        self._scaling_section(records)
+
     def _scaling_section(self, recs: list[EvalRecord]) -> None:
-        self.md += [
+        self.report.md += [
             "## Recurrence scaling law (the recurrence-equivalence exponent φ)",
             "",
             "L = E + A·(N_once + r^φ·N_rec)^−α + B·D^−β, fitted in log space (Huber, "
@@ -435,38 +326,76 @@ class _Builder(AdaptiveSections, FrontierSections):
                 fit = fit_records(grp)
             except LoopLMError as exc:
                 notes.append(f"- `{ctx['method']}` ({ctx_text}): no fit — {exc}")
-                self.json["scaling"].append({"context": ctx, "error": str(exc)})
+                self.report.json["scaling"].append({"context": ctx, "error": str(exc)})
                 continue
             try:
-                ci = bootstrap_records(grp, fit=fit, n_boot=PHI_BOOT, seed=self.boot_seed)
+                ci = bootstrap_records(grp, fit=fit, n_boot=PHI_BOOT, seed=self.report.boot_seed)
                 ci_text, ci_json = f"[{ci.low:.3f}, {ci.high:.3f}]", ci.to_dict()
             except LoopLMError as exc:
                 ci_text, ci_json = "–", {"error": str(exc)}
-            self.md.append(
+            self.report.md.append(
                 f"| {md_escape(ctx['method'])} | {md_escape(ctx_text)} | {fit.n_points} | "
                 f"**{fit.phi:.3f}** | {ci_text} | {fit.E:.3f} | {fit.A:.4g} | {fit.alpha:.3f} | "
                 f"{fit.B:.4g} | {fit.beta:.3f} | {fit.rmse_log:.2g} |"
             )
             entry: dict[str, Any] = {"context": ctx, "fit": fit.to_dict(), "phi_interval": ci_json}
-            if self.make_figures:
-                slug = self._unique_slug("scaling", ctx.values())
-                path = self.out_dir / "figures" / f"{slug}.png"
+            if self.report.make_figures:
+                slug = self.report.unique_slug("scaling", ctx.values())
+                path = self.report.out_dir / "figures" / f"{slug}.png"
                 plain = context_title({k: v for k, v in ctx.items() if k != "method"}, False)
                 plot_scaling(fit, scaling_points(grp), path, title=f"{ctx['method']} — {plain}")
-                self.figures.append(path)
+                self.report.figures.append(path)
                 entry["figure"] = f"figures/{slug}.png"
                 notes.append(f"![scaling fit {ctx['method']}](figures/{slug}.png)")
-            self.json["scaling"].append(entry)
-        self.md += [""] + notes + [""]
+            self.report.json["scaling"].append(entry)
+        self.report.md += [""] + notes + [""]
 
 
-def _problem(s: Summary) -> str:
-    parts = []
-    if s.missing:
-        parts.append(f"missing seed(s) {list(s.missing)}")
-    if s.duplicates:
-        parts.append(f"duplicate seed(s) {list(s.duplicates)}")
-    return "; ".join(parts) + f"; used {list(s.seeds)}"
+def _build(r: ReportContext) -> None:
+    """Fill ``r.md`` / ``r.json``: the header, then the section of every registered evaluation
+    kind in order, each from the records of its kinds, then the incomplete summaries."""
+    sections = report_sections()
+    for rec in r.records:
+        r.by_section.setdefault(section_of(rec, sections).name, []).append(rec)
+    r.md += [
+        "# looplm results report",
+        "",
+        f"Source: `{r.source}` ({len(r.records)} evaluations). "
+        f"Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.",
+        "",
+        "Aggregation (paper, *Seed Protocol and Aggregation*): per seed, PPL = "
+        "exp(Σ NLL / Σ tokens) over all batches; cells show the mean ± sample std (ddof = 1) "
+        f"over seeds; seed set: {r.seed_text()}. Paired deltas Δ = "
+        f"`{r.reference}` − method are matched by seed and loop depth; ± is the "
+        f"{r.confidence:.0%} small-sample t half-width and [lo, hi] the deterministic "
+        f"paired-bootstrap percentile interval ({r.n_boot:,} resamples, seed "
+        f"{r.boot_seed}). † marks extra-loop depths T > {r.train_depth_max}.",
+        "",
+    ]
+    seed_set = r.seed_spec if isinstance(r.seed_spec, (str, type(None))) else list(r.seed_spec)
+    r.json = {
+        "source": r.source,
+        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "n_records": len(r.records),
+        "reference": r.reference,
+        "seed_set": seed_set,
+        "train_depth_max": r.train_depth_max,
+        "confidence": r.confidence,
+        "n_boot": r.n_boot,
+        "boot_seed": r.boot_seed,
+    }
+    for cls in sections:
+        r.json.update({k: [] for k in cls.json_keys})
+    for cls in sections:
+        recs = r.by_section.get(cls.name, [])
+        if recs:
+            cls(r).write(recs)
+    if r.incomplete:
+        r.md += ["## Incomplete summaries", ""]
+        r.md += [f"- {md_escape(x)}" for x in r.incomplete]
+        r.md.append("")
+    r.json["incomplete"] = r.incomplete
+    r.json["figures"] = [str(p.relative_to(r.out_dir)) for p in r.figures]
 
 
 # long: the report's sections in reading order
@@ -513,7 +442,7 @@ def write_report(
         raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    b = _Builder(
+    b = ReportContext(
         records,
         source=str(store_path),
         out_dir=out,
@@ -527,7 +456,7 @@ def write_report(
         ppl_shift=ppl_shift,
         figures=figures,
     )
-    b.build()
+    _build(b)
     md_path, json_path = out / "report.md", out / "results.json"
     atomic_write_text(md_path, "\n".join(b.md).rstrip() + "\n")
     atomic_write_text(

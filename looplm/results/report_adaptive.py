@@ -1,6 +1,6 @@
 """The report's adaptive-depth sections: per context and ceiling, a table of static T = 8 |
 adaptive rules (with the achieved mean depth) | static T = ceiling, its results.json entry and the
-quality-vs-average-depth figure. Mixed into the report builder (:mod:`looplm.results.report`)."""
+quality-vs-average-depth figure (a :class:`~looplm.results.sections.ReportSection`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from looplm.results.figures import Series, plot_adaptive
+from looplm.results.sections import ReportSection, register_section
 from looplm.results.stats import Summary, summarize
 from looplm.results.store import EvalRecord, group_by
 from looplm.results.tables import (
@@ -28,6 +29,7 @@ from looplm.results.tables import (
 
 Row = tuple[str, str]  # (method, model_hash)
 Col = tuple[str, str]  # (adaptive_mode, calibration)
+ADAPTIVE_CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag")
 
 
 @dataclass
@@ -56,9 +58,21 @@ class _Table:
         return keys
 
 
-class AdaptiveSections:
-    """Adaptive-depth sections of the report builder (uses its ``_summary``, ``md``, ``json``,
-    ``figures``, colours and settings)."""
+@register_section
+class AdaptiveSection(ReportSection):
+    """Adaptive-depth tables: one per context (protocol × dataset × split × eval tag) and
+    ceiling, with the static fixed-depth columns taken from the ``fixed_depth`` section."""
+
+    name = "adaptive"
+    kinds = ("adaptive",)
+    order = 20
+    json_keys = ("adaptive",)
+
+    def write(self, records: list[EvalRecord]) -> None:
+        fixed = self.report.section_records("fixed_depth")
+        groups = group_by(records, ADAPTIVE_CONTEXT_FIELDS)
+        for key in sorted(groups):
+            self._adaptive_section(dict(zip(ADAPTIVE_CONTEXT_FIELDS, key)), groups[key], fixed)
 
     def _adaptive_section(
         self, ctx: dict[str, str], recs: list[EvalRecord], fixed: list[EvalRecord]
@@ -73,9 +87,9 @@ class AdaptiveSections:
             tab = self._adaptive_summaries(ctx, title, ceiling, crecs, static_ctx)
             self._adaptive_markdown(tab)
             entry = self._adaptive_json(tab)
-            if self.make_figures:
+            if self.report.make_figures:
                 self._adaptive_figure(tab, entry)
-            self.json["adaptive"].append(entry)
+            self.report.json["adaptive"].append(entry)
 
     def _adaptive_summaries(
         self,
@@ -85,15 +99,15 @@ class AdaptiveSections:
         crecs: list[EvalRecord],
         static_ctx: list[EvalRecord],
     ) -> _Table:
-        rows = row_keys(crecs, self.reference)
+        rows = row_keys(crecs, self.report.reference)
         labels = row_labels(rows)
         ppl: dict[tuple[Row, Col], Summary] = {}
         depth: dict[tuple[Row, Col], Summary] = {}
         cells = group_by(crecs, ("method", "model_hash", "adaptive_mode", "calibration"))
         for (m, h, mode, cal), cell in cells.items():
             label = f"{title}: {labels[(m, h)]} {mode}" + (f" ({cal})" if cal else "")
-            ppl[((m, h), (mode, cal))] = self._summary(cell, "ppl", label)
-            depth[((m, h), (mode, cal))] = self._summary(cell, "mean_depth", label)
+            ppl[((m, h), (mode, cal))] = self.report.summary(cell, "ppl", label)
+            depth[((m, h), (mode, cal))] = self.report.summary(cell, "mean_depth", label)
 
         def col_depth(c: Col) -> float:
             vals = [depth[(k, c)].mean for k in rows if (k, c) in depth]
@@ -101,7 +115,7 @@ class AdaptiveSections:
 
         cols_raw = sorted({(r.adaptive_mode, r.calibration) for r in crecs})
         cols = sorted(cols_raw, key=lambda c: (adaptive_family(c[0]), col_depth(c), c))
-        static_depths = sorted({self.train_depth_max, ceiling})
+        static_depths = sorted({self.report.train_depth_max, ceiling})
         static: dict[tuple[Row, int], Summary] = {}
         srecs = group_by(
             [r for r in static_ctx if (r.method, r.model_hash) in set(rows)],
@@ -109,7 +123,7 @@ class AdaptiveSections:
         )
         for (m, h, d), cell in srecs.items():
             label = f"{title}: {labels[(m, h)]} T={d} (static)"
-            static[((m, h), d)] = self._summary(cell, "ppl", label)
+            static[((m, h), d)] = self.report.summary(cell, "ppl", label)
         return _Table(
             ctx, title, ceiling, rows, labels, cols, ppl, depth, static_depths, static, static_ctx
         )
@@ -132,19 +146,19 @@ class AdaptiveSections:
                 if kind == "adaptive":
                     t += f" (d̄ {fmt_num(tab.depth[(k, c)].mean, 1)})"
                 text[(k, (kind, c))] = t + ("" if s.complete else " ⚠")
-        self.md += [
+        self.report.md += [
             f"## Adaptive depth — {tab.title}, ceiling T={tab.ceiling}",
             "",
             "| Method | " + " | ".join(md_escape(h) for h in heads) + " |",
             "|---|" + "---:|" * len(heads),
         ]
         for k in tab.rows:
-            self.md.append(
+            self.report.md.append(
                 f"| {md_escape(tab.labels[k])} | "
                 + " | ".join(text.get((k, key), "–") for key in tab.keys)
                 + " |"
             )
-        self.md += [
+        self.report.md += [
             "",
             "Cells: test PPL mean ± std over seeds; d̄: achieved mean active "
             "depth (mean over seeds). **Bold**: lowest PPL per column.",
@@ -191,7 +205,7 @@ class AdaptiveSections:
             if ds:
                 sums = [self._quiet_summary(allfix[(d,)]) for d in ds]
                 means, stds = [s.mean for s in sums], [s.std for s in sums]
-                uniform.append(Series(tab.labels[k], ds, means, stds, self.colors[k[0]]))
+                uniform.append(Series(tab.labels[k], ds, means, stds, self.report.colors[k[0]]))
             for fam in sorted({adaptive_family(c[0]) for c in tab.cols}):
                 fc = [c for c in tab.cols if adaptive_family(c[0]) == fam and (k, c) in tab.ppl]
                 if fc:
@@ -200,7 +214,7 @@ class AdaptiveSections:
                         [tab.depth[(k, c)].mean for c in fc],
                         [tab.ppl[(k, c)].mean for c in fc],
                         [tab.ppl[(k, c)].std for c in fc],
-                        self.colors[k[0]],
+                        self.report.colors[k[0]],
                         [tab.depth[(k, c)].std for c in fc],
                     )
                     adapt.append((tab.labels[k], fam, series))
@@ -210,19 +224,19 @@ class AdaptiveSections:
         uniform, adapt = self._adaptive_series(tab)
         if not adapt:
             return
-        slug = self._unique_slug("adaptive", list(tab.ctx.values()) + [f"T{tab.ceiling}"])
-        path = self.out_dir / "figures" / f"{slug}.png"
+        slug = self.report.unique_slug("adaptive", list(tab.ctx.values()) + [f"T{tab.ceiling}"])
+        path = self.report.out_dir / "figures" / f"{slug}.png"
         shift = plot_adaptive(
             uniform,
             adapt,
             path,
-            train_depth_max=self.train_depth_max,
-            shift=self.ppl_shift,
+            train_depth_max=self.report.train_depth_max,
+            shift=self.report.ppl_shift,
             title=f"{context_title(tab.ctx, False)}, ceiling {tab.ceiling}",
         )
-        self.figures.append(path)
+        self.report.figures.append(path)
         entry["figure"] = {"path": f"figures/{slug}.png", "ppl_shift": shift}
-        self.md += [
+        self.report.md += [
             f"![adaptive depth, {tab.title}](figures/{slug}.png)",
             "",
             "*PPL vs achieved average depth per adaptive rule (solid), with "
@@ -232,4 +246,4 @@ class AdaptiveSections:
 
     def _quiet_summary(self, recs: list[EvalRecord]) -> Summary:
         """Summary for reference curves in figures: never raises, never reports."""
-        return summarize(recs, "ppl", required_seeds=self.seed_spec, on_incomplete="mark")
+        return summarize(recs, "ppl", required_seeds=self.report.seed_spec, on_incomplete="mark")

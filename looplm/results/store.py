@@ -43,6 +43,8 @@ Keys of ``extra`` that the statistics and report layers read (all optional; othe
 
 * ``n_correct``, ``n_examples`` (int) — task accuracy counts (LAMBADA target-token accuracy,
   synthetic tasks); accuracy = n_correct / n_examples.
+* ``kind`` (str) — the evaluation kind that wrote the record (:mod:`looplm.evaluate.kinds`);
+  the report puts the record in that kind's section.
 * ``mean_depth`` (float) — achieved mean active loop depth of an adaptive evaluation.
 * ``n_once``, ``n_rec``, ``train_tokens`` (numbers) and optional ``r`` (recurrence count; defaults
   to ``depth``) — a point of the recurrence scaling-law sweep (see :mod:`looplm.results.scaling`).
@@ -203,6 +205,12 @@ class EvalRecord:
     def identity_dict(self) -> dict[str, Any]:
         """The evaluation identity as ``{field: value}``."""
         return {f: getattr(self, f) for f in IDENTITY_FIELDS}
+
+    @property
+    def kind(self) -> str:
+        """The evaluation kind that wrote this record (``extra['kind']``; ``''`` for records
+        written before kinds were recorded)."""
+        return str(self.extra.get("kind", ""))
 
     @property
     def mean_nll(self) -> float:

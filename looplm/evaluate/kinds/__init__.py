@@ -11,6 +11,7 @@ from looplm.evaluate.kinds.base import (
     configure_kinds,
     evaluate_keys,
     evaluation_kinds,
+    get_kind,
     kind_names,
     register_kind,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "configure_kinds",
     "evaluate_keys",
     "evaluation_kinds",
+    "get_kind",
     "kind_names",
     "register_kind",
 ]

@@ -18,24 +18,41 @@ setting, shared-block models only::
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
 
-KEYS = {
-    "ceiling",
-    "rules",
-    "budgets",
-    "kl_thresholds",
-    "router_probs",
-    "label_threshold",
-    "calib_split",
-    "calib_max_tokens",
-    "timing_depths",
-    "timing_repeats",
-    "time_dense",
-    "skip",
-}
+
+def _default(name: str) -> Any:
+    """A default of :mod:`looplm.evaluate.adaptive` (imported when asked for: it needs torch)."""
+
+    def make() -> Any:
+        from looplm.evaluate import adaptive
+
+        return list(getattr(adaptive, name))
+
+    return field(default_factory=make)
+
+
+@dataclass
+class AdaptiveSettings:
+    """``evaluate.adaptive``."""
+
+    ceiling: int = 48  # the loop ceiling (the rows' depth)
+    rules: list[str] = _default("RULES")  # stopping rules: maxtoken, kl, router
+    # maxtoken: mean depths the threshold is calibrated to
+    budgets: list[float] = _default("DEFAULT_BUDGETS")
+    kl_thresholds: list[float] = _default("DEFAULT_KL_THRESHOLDS")  # kl: halting thresholds
+    router_probs: list[float] = _default("DEFAULT_ROUTER_PROBS")  # router: probability thresholds
+    label_threshold: float = 0.01  # router: KL under which a token counts as converged (its label)
+    calib_split: str = "validation"  # split the max-token rule and the router are calibrated on
+    calib_max_tokens: int | None = None  # cap on calibration tokens; null: the whole split
+    # uniform fixed depths timed for comparison
+    timing_depths: list[int] = field(default_factory=list)
+    timing_repeats: int = 1  # wall clock = the minimum over this many passes
+    time_dense: bool = False  # per-token rules: also time the path without work skipping
+    skip: bool = True  # per-token rules: skip the work of halted tokens
 
 
 @register_kind
@@ -44,6 +61,7 @@ class AdaptiveDepth(EvaluationKind):
 
     name = "adaptive"
     section = "adaptive"
+    Settings = AdaptiveSettings
     order = 20
 
     def __init__(self, settings: dict[str, Any]) -> None:
@@ -71,7 +89,9 @@ class AdaptiveDepth(EvaluationKind):
     def configure(cls, evaluate: dict[str, Any]) -> AdaptiveDepth | None:
         if "adaptive" not in evaluate or evaluate["adaptive"] is None:
             return None
-        return cls(dict(check_keys(evaluate["adaptive"], KEYS, "evaluate.adaptive")))
+        return cls(
+            dict(check_settings(AdaptiveSettings, evaluate["adaptive"], "evaluate.adaptive"))
+        )
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.evaluate.adaptive import adaptive_modes

@@ -3,9 +3,12 @@
 An evaluation kind is one small class per kind of measurement the experiment runner makes for
 every trained run (fixed-depth sweep, adaptive depth, held-out transfer, LAMBADA, …). It declares
 
-    name        the kind's name (``--redo`` takes it; ``sweep --redo fixed,lambada``)
+    name        the kind's name (``--redo`` takes it; ``sweep --redo fixed,lambada``); every
+                record the kind writes carries it (``extra['kind']``, see :meth:`stamp`)
     section     its key under ``evaluate:`` in the experiment YAML (None: it uses only the
                 common keys ``split``, ``max_tokens``, ``depths``, ``batch_size``, ``tag``)
+    Settings    the dataclass of that section's keys (an entry's, for a list section), read with
+                :func:`looplm.settings.build_settings` and listed in ``docs/configuration.md``
     order       where it runs among the kinds (the store rows do not depend on it)
 
 and implements
@@ -13,6 +16,11 @@ and implements
     configure(evaluate) -> kind | None      validate its settings; None when not asked for
     identities(job) -> [identity, …]        the store identities it would write for a run
     run(job, todo) -> [EvalRecord, …]       measure the identities ``todo`` (a subset)
+
+Its records go to the section of ``looplm report`` that names the kind
+(:class:`looplm.results.sections.ReportSection`, ``kinds = (...)``): the fixed-depth, transfer,
+LAMBADA and diagnostics rows to the depth tables, the others to their own sections. A plugin
+kind brings its section in the same module.
 
 The runner asks each configured kind for its identities, skips those already in the store and
 writes the records ``run`` returns, so a kind never deals with the store or with resuming.
@@ -22,15 +30,24 @@ an entry point (group ``looplm.evaluations``) or by ``$LOOPLM_PLUGINS``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from looplm.errors import LoopLMError
+from looplm.grid import DEFAULT_DEPTHS, EvaluateSettings
 from looplm.plugins import Registry
+from looplm.settings import build_settings
 
-COMMON_KEYS = {"split", "max_tokens", "depths", "batch_size", "tag"}
-DEFAULT_DEPTHS = [4, 8, 12, 16, 24, 32, 48]
+COMMON_KEYS = {f.name for f in dataclasses.fields(EvaluateSettings)}
+
+
+def check_settings(cls: type, values: Any, where: str) -> dict[str, Any]:
+    """``values`` checked against the settings dataclass ``cls`` (unknown keys, types, required
+    keys and its ``validate()``, in one-line errors naming ``where.<key>``); returns them."""
+    build_settings(cls, values, where)
+    return values or {}
 
 
 def check_keys(d: Any, allowed: set[str], where: str) -> dict[str, Any]:
@@ -113,6 +130,7 @@ class EvaluationKind:
 
     name: ClassVar[str] = ""
     section: ClassVar[str | None] = None
+    Settings: ClassVar[type | None] = None
     order: ClassVar[int] = 100
 
     @classmethod
@@ -126,6 +144,25 @@ class EvaluationKind:
     def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
         raise NotImplementedError
 
+    def records(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
+        """:meth:`run`'s records, each marked with this kind (what the runner stores)."""
+        return self.stamp(self.run(job, todo))
+
+    @classmethod
+    def stamp(cls, records: list[Any]) -> list[Any]:
+        """Mark ``records`` as written by this kind (``extra['kind']``); returns them."""
+        for rec in records:
+            rec.extra = {**rec.extra, "kind": cls.name}
+        return records
+
+    @classmethod
+    def depth_records(cls, rows: list[dict[str, Any]], cfg: Any, **identity: Any) -> list[Any]:
+        """Store records of per-depth result rows of a run with config ``cfg``
+        (:func:`looplm.evaluate.records.fixed_depth_records`), marked with this kind."""
+        from looplm.evaluate.records import fixed_depth_records
+
+        return cls.stamp(fixed_depth_records(rows, cfg, **identity))
+
 
 _KINDS: Registry[EvaluationKind] = Registry("evaluation kind", "looplm.evaluations")
 
@@ -138,6 +175,14 @@ def register_kind(cls: type[EvaluationKind]) -> type[EvaluationKind]:
 def evaluation_kinds() -> list[type[EvaluationKind]]:
     """Registered kinds in their running order (plugins loaded on first use)."""
     return sorted(_KINDS.items().values(), key=lambda k: (k.order, k.name))
+
+
+def get_kind(name: str) -> type[EvaluationKind]:
+    """The kind registered as ``name`` (LoopLMError naming the registered ones)."""
+    kinds = _KINDS.items()
+    if name not in kinds:
+        raise LoopLMError(f"unknown evaluation kind {name!r}; allowed: {', '.join(kind_names())}")
+    return kinds[name]
 
 
 def kind_names() -> list[str]:

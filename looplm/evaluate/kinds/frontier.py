@@ -12,13 +12,31 @@ steps and their summary in ``extra``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from looplm.errors import LoopLMError, check_positive_int
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
 
-KEYS = {"depths", "difficulties", "n_examples", "batch_size"}
-PROP_KEYS = {"difficulties", "max_loops", "n_examples", "batch_size"}
+
+@dataclass
+class FrontierSettings:
+    """``evaluate.frontier``."""
+
+    depths: list[int] | str  # thinking steps T to evaluate, a list or a string like "1-32"
+    difficulties: list[int] | str  # task difficulties to test (e.g. nesting depths 1-8)
+    n_examples: int = 128  # examples per difficulty
+    batch_size: int | None = None  # evaluation batch size (default: evaluate.batch_size)
+
+
+@dataclass
+class PropagationSettings:
+    """``evaluate.propagation`` (node tasks with adjacency attention)."""
+
+    difficulties: list[int] | str  # graph depths to test
+    max_loops: int = 16  # loop steps unrolled per query (the row's depth)
+    n_examples: int = 64  # graphs per difficulty
+    batch_size: int | None = None  # evaluation batch size (default: evaluate.batch_size)
 
 
 def _ints(value: Any, where: str) -> list[int]:
@@ -53,6 +71,7 @@ class Frontier(EvaluationKind):
 
     name = "frontier"
     section = "frontier"
+    Settings = FrontierSettings
     order = 50
 
     def __init__(self, settings: dict[str, Any]) -> None:
@@ -66,11 +85,7 @@ class Frontier(EvaluationKind):
         s = evaluate.get("frontier")
         if not s:
             return None
-        check_keys(s, KEYS, "evaluate.frontier")
-        for k in ("depths", "difficulties"):
-            if k not in s:
-                raise LoopLMError(f"evaluate.frontier needs {k}")
-        return cls(s)
+        return cls(check_settings(FrontierSettings, s, "evaluate.frontier"))
 
     def _tag(self, job: EvalJob) -> str:
         return job.tag(max_examples=self.n_examples)
@@ -123,6 +138,7 @@ class Propagation(EvaluationKind):
 
     name = "propagation"
     section = "propagation"
+    Settings = PropagationSettings
     order = 55
 
     def __init__(self, settings: dict[str, Any]) -> None:
@@ -136,10 +152,7 @@ class Propagation(EvaluationKind):
         s = evaluate.get("propagation")
         if not s:
             return None
-        check_keys(s, PROP_KEYS, "evaluate.propagation")
-        if "difficulties" not in s:
-            raise LoopLMError("evaluate.propagation needs difficulties")
-        return cls(s)
+        return cls(check_settings(PropagationSettings, s, "evaluate.propagation"))
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.evaluate.records import fixed_depth_identities

@@ -8,13 +8,21 @@ when it is not an existing path. Rows: ``dataset='lambada'``, ``split='test'``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from looplm.errors import LoopLMError
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
 
-KEYS = {"path", "max_examples", "depths", "batch_size"}
+
+@dataclass
+class LambadaSettings:
+    """``evaluate.lambada``."""
+
+    path: str  # lambada_test.jsonl or its folder (resolved against data_dir when not a path)
+    max_examples: int | None = None  # evaluate the first N passages only; null: all 5,153
+    depths: list[int] | str | None = None  # loop depths (default: evaluate.depths)
+    batch_size: int | None = None  # evaluation batch size (default: evaluate.batch_size)
 
 
 @register_kind
@@ -23,6 +31,7 @@ class Lambada(EvaluationKind):
 
     name = "lambada"
     section = "lambada"
+    Settings = LambadaSettings
     order = 40
 
     def __init__(self, settings: dict[str, Any], depths: list[int]) -> None:
@@ -35,9 +44,7 @@ class Lambada(EvaluationKind):
         lam = evaluate.get("lambada")
         if not lam:
             return None
-        check_keys(lam, KEYS, "evaluate.lambada")
-        if "path" not in lam:
-            raise LoopLMError("evaluate.lambada needs a path (lambada_test.jsonl or its folder)")
+        check_settings(LambadaSettings, lam, "evaluate.lambada")
         return cls(
             dict(lam), depth_list(lam.get("depths", evaluate.get("depths")), "lambada.depths")
         )

@@ -16,13 +16,20 @@ bootstrap interval.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
 from looplm.evaluate.kinds.fixed import Sweep
 
-KEYS = {"split", "max_tokens"}
+
+@dataclass
+class ScalingSettings:
+    """``evaluate.scaling``."""
+
+    split: str = "validation"  # split the NLL at the training depth r is measured on
+    max_tokens: int | None = None  # cap on scored tokens; null: the whole split
 
 
 def scaling_extra(cfg: Any) -> dict[str, Any]:
@@ -55,6 +62,7 @@ class Scaling(EvaluationKind):
 
     name = "scaling"
     section = "scaling"
+    Settings = ScalingSettings
     order = 60
 
     def __init__(self, split: str, max_tokens: int | None) -> None:
@@ -65,8 +73,8 @@ class Scaling(EvaluationKind):
         s = evaluate.get("scaling")
         if not s:
             return None
-        check_keys(s, KEYS, "evaluate.scaling")
-        return cls(s.get("split", "validation"), s.get("max_tokens"))
+        check_settings(ScalingSettings, s, "evaluate.scaling")
+        return cls(s.get("split", ScalingSettings.split), s.get("max_tokens"))
 
     def _sweep(self, job: EvalJob) -> Sweep:
         return Sweep(None, self.split, self.max_tokens, (job.cfg.train.depth_max,), "scaling")

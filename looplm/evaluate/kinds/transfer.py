@@ -9,13 +9,22 @@ them), one entry per corpus under ``evaluate.transfer``::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
 from looplm.evaluate.kinds.fixed import Sweep
 
-KEYS = {"dataset", "split", "max_tokens", "depths"}
+
+@dataclass
+class TransferSettings:
+    """One entry of ``evaluate.transfer`` (a list: one fixed-depth sweep per corpus)."""
+
+    dataset: str  # the held-out corpus (no training on it), e.g. c4
+    split: str = "test"  # its split
+    max_tokens: int | None = None  # cap on scored tokens (default: evaluate.max_tokens)
+    depths: list[int] | str | None = None  # loop depths (default: evaluate.depths)
 
 
 @register_kind
@@ -24,6 +33,7 @@ class Transfer(EvaluationKind):
 
     name = "transfer"
     section = "transfer"
+    Settings = TransferSettings
     order = 30
 
     def __init__(self, sweeps: list[Sweep]) -> None:
@@ -38,9 +48,7 @@ class Transfer(EvaluationKind):
             raise LoopLMError("evaluate.transfer must be a list of {dataset, split, …} entries")
         sweeps = []
         for i, t in enumerate(entries):
-            check_keys(t, KEYS, f"evaluate.transfer[{i}]")
-            if "dataset" not in t:
-                raise LoopLMError(f"evaluate.transfer[{i}] needs a dataset")
+            check_settings(TransferSettings, t, f"evaluate.transfer[{i}]")
             depths = depth_list(t.get("depths", evaluate.get("depths")), "transfer.depths")
             cap = t.get("max_tokens", evaluate.get("max_tokens"))
             sweeps.append(Sweep(t["dataset"], t.get("split", "test"), cap, tuple(depths)))

@@ -48,7 +48,8 @@ def sinusoidal_step_embedding(
 class AdapterConfig:
     step_scale: float = 0.35  # s
     alpha_init: float = 0.15  # learned scalar source gain α
-    anchor_scale: float = 0.1
+    anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
+    # scale of init_delta_proj in H0(e) = e + scale·init_delta_proj(e)
     init_delta_scale: float = 0.1
     proj_init: str = "normal"  # normal | identity: where anchor_proj / init_delta_proj start
 

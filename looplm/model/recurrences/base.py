@@ -18,8 +18,6 @@ parameters it adds (:meth:`Recurrence.parameter_formula`).
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,6 +27,7 @@ from torch import nn
 from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
 from looplm.plugins import Registry
+from looplm.settings import build_settings
 
 _REGISTRY: Registry[Recurrence] = Registry("recurrence", "looplm.recurrences")
 
@@ -119,30 +118,16 @@ def get_recurrence_class(name: str) -> type[Recurrence]:
 
 
 def build_config(cls: type[Recurrence], args: dict[str, Any]) -> Any:
-    """Validate ``args`` against the recurrence's ``Config`` dataclass."""
-    names = [f.name for f in dataclasses.fields(cls.Config)]
-    unknown = sorted(set(args) - set(names))
-    if unknown:
-        raise LoopLMError(
-            f"unknown setting {unknown[0]!r} for recurrence {cls.name!r}; "
-            f"allowed: {', '.join(names) or 'none'}"
-        )
-    hints = typing.get_type_hints(cls.Config)
-    kwargs = {}
-    for k, v in args.items():
-        typ = hints[k]
-        if typ is float and isinstance(v, (int, float)) and not isinstance(v, bool):
-            v = float(v)
-        elif typ is int and isinstance(v, float) and v.is_integer():
-            v = int(v)
-        elif typ in (float, int) and not isinstance(v, (int, float)):
-            raise LoopLMError(f"recurrence {cls.name!r}: {k}={v!r} must be a number")
-        kwargs[k] = v
-    cfg = cls.Config(**kwargs)
-    check = getattr(cfg, "validate", None)
-    if check is not None:
-        check()
-    return cfg
+    """Validate ``args`` against the recurrence's ``Config`` dataclass (its settings under
+    ``model.recurrence_args``)."""
+    return build_settings(
+        cls.Config,
+        args,
+        "model.recurrence_args",
+        unknown=lambda key, allowed: (
+            f"unknown setting {key!r} for recurrence {cls.name!r}; allowed: {allowed}"
+        ),
+    )
 
 
 def build_recurrence(name: str, d_model: int, args: dict[str, Any]) -> Recurrence:

@@ -40,7 +40,8 @@ class SourceConditionedConfig:
     eps: float = 1e-8  # ε of the zero-deviation mask
     kappa_init: float = 0.15  # learned scalar gain κ on cond_proj(anchor)
     leak: float = 0.0  # λ_leak (Listing 1 line 13)
-    anchor_scale: float = 0.1
+    anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
+    # scale of init_delta_proj in H0(e) = e + scale·init_delta_proj(e)
     init_delta_scale: float = 0.1
 
     def validate(self) -> None:
@@ -177,7 +178,8 @@ class ForcingSubtractionConfig:
     step_scale: float = 0.35  # s (the tuned adapters' value; the paper tunes non-SCSE controls)
     alpha_init: float = 0.15  # learned scalar source gain α
     step_tau: float = 0.0  # τ of the optional step term τ_t = τ P_step γ_t (0: no step term)
-    anchor_scale: float = 0.1
+    anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
+    # scale of init_delta_proj in H0(e) = e + scale·init_delta_proj(e)
     init_delta_scale: float = 0.1
 
     def validate(self) -> None:
@@ -262,7 +264,7 @@ class ForcingSubtraction(Recurrence):
 class NormResetConfig:
     period: int = 4  # k: normalise h_k, h_2k, …
     injection_gain: float = 1.0  # g of the looped baseline's additive injection
-    norm_eps: float = 1e-6
+    norm_eps: float = 1e-6  # ε of the reset's RMS normalisation
 
     def validate(self) -> None:
         if isinstance(self.period, bool) or not isinstance(self.period, int) or self.period < 1:

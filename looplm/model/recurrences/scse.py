@@ -35,7 +35,8 @@ class SCSEConfig:
     step_scale: float = 0.5  # s
     eps: float = 1e-8  # ε of the zero-deviation mask
     anchor: str = "learned"  # learned | embedding | init | frozen_random (Table 2 ablations)
-    anchor_scale: float = 0.1
+    anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
+    # scale of init_delta_proj in H0(e) = e + scale·init_delta_proj(e)
     init_delta_scale: float = 0.1
     proj_init: str = "normal"  # normal | identity: where anchor_proj / init_delta_proj start
 

@@ -1,0 +1,92 @@
+"""The settings of an experiment grid (``configs/experiments/*.yaml``), as dataclasses.
+
+:mod:`looplm.experiments` reads a grid through these classes (:func:`looplm.settings.
+build_settings`): an unknown key or a value of the wrong type stops with one line naming it and
+the allowed keys, and ``docs/configuration.md`` lists every key from them. The run config under
+``base`` is a :class:`looplm.config.RunConfig`; the sections under ``evaluate`` other than the
+common keys below belong to the evaluation kinds (each kind's ``Settings``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_DEPTHS = [4, 8, 12, 16, 24, 32, 48]
+
+
+@dataclass
+class ExperimentSettings:
+    """The top level of an experiment config."""
+
+    name: str = ""  # the experiment's name (default: the file name without .yaml)
+    # run folders: <out_root>/[<variant>/]<method>/seed<seed> (default runs/<name>)
+    out_root: str | None = None
+    store: str | None = None  # results store (default <out_root>/results.sqlite)
+    report_dir: str | None = None  # report folder (default <out_root>/report)
+    data_dir: str | None = None  # corpora folder (default: $LOOPLM_DATA_DIR)
+    # torch.set_num_threads for the whole sweep (null: leave as is)
+    torch_threads: int | None = None
+    # protocol identity of the runs (default <dataset>-<steps>); a variant appends -<name>
+    protocol: str | None = None
+    # required: the run config every run starts from (model, data, train, eval), as configs/*.yaml
+    base: dict[str, Any] | None = None
+    # required: recurrence names or {name, recurrence, args, overrides} entries (below)
+    methods: list[Any] | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])  # training seeds of every method
+    # training variants crossed with every method: {name, overrides} entries (below); none: one unnamed variant
+    variants: list[Any] = field(default_factory=list)
+    # the evaluations of every run: the common keys and one section per evaluation kind (below)
+    evaluate: dict[str, Any] = field(default_factory=dict)
+    # settings of the report written after the sweep (below)
+    report: dict[str, Any] = field(default_factory=dict)
+    # a larger grid (`looplm sweep --full`): its keys replace the grid's, mappings merge into them
+    full: dict[str, Any] | None = None
+
+
+@dataclass
+class MethodSettings:
+    """One entry of ``methods`` (a plain name is ``{name: <name>}``)."""
+
+    name: str = ""  # required: the method's name in run folders, store rows and reports
+    recurrence: str | None = None  # the registered recurrence it runs (default: the name)
+    # the recurrence's settings (model.recurrence_args)
+    args: dict[str, Any] = field(default_factory=dict)
+    # other key=value run-config overrides for this method only
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VariantSettings:
+    """One entry of ``variants``."""
+
+    name: str = ""  # the variant's name (a folder level and a protocol suffix)
+    # key=value run-config overrides of this variant
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvaluateSettings:
+    """The common keys under ``evaluate`` (the fixed-depth sweep every run gets)."""
+
+    split: str = "test"  # evaluation split of the fixed-depth and adaptive evaluations
+    # cap on scored tokens (part of the eval tag); null: the whole split
+    max_tokens: int | None = None
+    # loop depths, a list or a string like "1-8,16"
+    depths: list[int] | str = field(default_factory=lambda: list(DEFAULT_DEPTHS))
+    batch_size: int | None = None  # evaluation batch size (default: the run's eval.batch_size)
+    tag: str = ""  # evaluation tag, part of every row's identity
+
+
+@dataclass
+class ReportSettings:
+    """The ``report`` section: how the sweep's report aggregates."""
+
+    # required seed set: a list, default (0,1,2), expanded (0-4), auto or all
+    seeds: list[int] | str = "auto"
+    # deepest training depth; deeper T are marked extra-loop (default: the runs' train.depth_max)
+    train_depth_max: int | None = None
+    # mark summaries with missing or duplicate seeds instead of stopping
+    allow_incomplete: bool = False
+    reference: str = "scse"  # the method paired deltas are taken against
+    n_boot: int = 10_000  # paired-bootstrap resamples
