@@ -9,45 +9,10 @@ report (``looplm report``) plus ``supplement.md`` (adaptive-depth runtime, LAMBA
 plugin), each configured by its section under ``evaluate``.
 Re-running the same command after an interruption finishes the missing work only.
 
-Config keys (all but ``base``, ``methods`` optional)::
-
-    name: wt2_tiny
-    out_root: runs/wt2_tiny            # run folders: <out_root>/[<variant>/]<method>/seed<seed>
-    store: runs/wt2_tiny/results.sqlite   # default <out_root>/results.sqlite
-    report_dir: runs/wt2_tiny/report       # default <out_root>/report
-    data_dir: null                     # corpora folder (default: $LOOPLM_DATA_DIR)
-    torch_threads: 1                   # torch.set_num_threads for the whole sweep (null: leave)
-    protocol: wt2-tiny                 # protocol identity (default <dataset>-<steps>)
-    base: {model: {...}, data: {...}, train: {...}, eval: {...}}   # a RunConfig, as configs/*.yaml
-    methods: [scse, looped]           # or {name, recurrence, args, overrides} entries:
-      # - {name: looped_alpha, recurrence: looped, args: {learn_gain: true, injection_gain: 0.15}}
-    seeds: [0, 1, 2]
-    variants:                          # training overrides (key=value); default one unnamed variant
-      - {name: "", overrides: []}
-    evaluate:
-      split: test                      # fixed-depth and adaptive evaluation split
-      max_tokens: 4096                 # cap on scored tokens (part of the eval tag)
-      depths: 1-48                     # list or "a-b,c" string
-      batch_size: 64
-      tag: ""
-      adaptive:                        # omit to skip
-        ceiling: 48
-        rules: [maxtoken, kl, router]
-        budgets: [8, 16, 24]
-        kl_thresholds: [0.1, 0.01, 0.001]
-        router_probs: [0.5, 0.7, 0.9]
-        label_threshold: 0.01
-        calib_split: validation
-        calib_max_tokens: 8192
-        timing_depths: [8, 16, 24, 48]  # uniform fixed-depth wall clock, for comparison
-        timing_repeats: 3              # wall clock = min over repeated passes
-        time_dense: true               # per-token rules: also time the no-skipping path
-      transfer:                        # held-out corpora, no training on them
-        - {dataset: c4, split: train, max_tokens: 4096, depths: [1, 2, 4, 8, 16, 32, 48]}
-      lambada: {path: lambada, max_examples: 200, depths: [1, 2, 4, 8, 16, 32, 48]}
-    report: {seeds: default, train_depth_max: 8, allow_incomplete: false, reference: scse}
-    full: {seeds: [0, 1, 2, 3, 4], base: {train: {steps: 1200}}}   # `looplm sweep --full`
-
+The config's keys are the settings dataclasses of :mod:`looplm.grid` (top level, ``methods`` and
+``variants`` entries, the common ``evaluate`` keys, ``report``) and each evaluation kind's
+``Settings`` (its section under ``evaluate``); ``docs/configuration.md`` lists every key
+(``looplm settings`` writes it) and ``docs/experiments.md`` shows a whole file.
 ``lambada.path`` is resolved against ``data_dir`` when it is not an existing path.
 """
 

@@ -52,7 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 # long: one command's linear flow (fixed depths, LAMBADA, store, JSON), read top to bottom
 def run(args: argparse.Namespace) -> int:
     from looplm.evaluate import evaluate_checkpoint
-    from looplm.evaluate.kinds import get_kind
     from looplm.evaluate.records import eval_tag
     from looplm.io import atomic_write_json
 
@@ -93,31 +92,37 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_dict(read_meta(args.checkpoint)["config"])
         tag = eval_tag(args.tag, max_tokens=result.get("max_tokens"))
     if args.store:
-        from looplm.results.store import ResultsStore
-
-        # the kind that owns these rows: LAMBADA, another corpus (transfer) or the run's own
-        kind = "lambada" if args.lambada else "fixed"
-        if not args.lambada and result["dataset"] != cfg.data.dataset:
-            kind = "transfer"
-        records = get_kind(kind).depth_records(
-            result["results"],
-            cfg,
-            dataset=result["dataset"],
-            split=result["split"],
-            tag=tag,
-            protocol=args.protocol,
-            extra={"checkpoint": str(args.checkpoint), "step": result.get("step")},
-        )
-        with ResultsStore(args.store) as store:
-            store.put_many(records)
-        result["store"] = {
-            "path": str(args.store),
-            "rows": len(records),
-            "eval_tag": tag,
-            "model_hash": records[0].model_hash,
-            "protocol": records[0].protocol,
-        }
+        result["store"] = _store(args, result, cfg, tag)
     if args.out:
         atomic_write_json(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _store(args: argparse.Namespace, result: dict, cfg, tag: str) -> dict:
+    """Write one store row per depth through the kind that owns them: LAMBADA, another corpus
+    (transfer) or the run's own (fixed); returns what the printed JSON says about them."""
+    from looplm.evaluate.kinds import get_kind
+    from looplm.results.store import ResultsStore
+
+    kind = "lambada" if args.lambada else "fixed"
+    if not args.lambada and result["dataset"] != cfg.data.dataset:
+        kind = "transfer"
+    records = get_kind(kind).depth_records(
+        result["results"],
+        cfg,
+        dataset=result["dataset"],
+        split=result["split"],
+        tag=tag,
+        protocol=args.protocol,
+        extra={"checkpoint": str(args.checkpoint), "step": result.get("step")},
+    )
+    with ResultsStore(args.store) as store:
+        store.put_many(records)
+    return {
+        "path": str(args.store),
+        "rows": len(records),
+        "eval_tag": tag,
+        "model_hash": records[0].model_hash,
+        "protocol": records[0].protocol,
+    }

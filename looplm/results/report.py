@@ -222,6 +222,7 @@ class DepthSection(ReportSection):
         dec: int,
         scale: float = 1.0,
     ) -> list[dict[str, Any]]:
+        # long: the paired-delta table and its three refusals, kept whole to read in order
         ref_rows = [k for k in rows if k[0] == self.report.reference]
         others = [k for k in rows if k[0] != self.report.reference]
         if not others:
@@ -430,6 +431,7 @@ def write_report(
     Raises LoopLMError for a missing/unreadable store, an empty store, or (unless
     ``allow_incomplete``) a summary whose seed set is incomplete or duplicated.
     """
+    # (long for its argument reference above; the body is short)
     if int(train_depth_max) < 1:
         raise LoopLMError(f"train_depth_max must be >= 1, got {train_depth_max}")
     if int(n_boot) < 1:

@@ -1,0 +1,62 @@
+"""The documentation's examples run: the complete example recurrence of docs/methods.md is a
+working method (the registry-parametrised tests pass on it), and the README links resolve."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _example(tmp: Path) -> Path:
+    text = (REPO / "docs" / "methods.md").read_text()
+    section = text.split("## Adding a method", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    pkg = tmp / "my_methods"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "damped.py").write_text(code)
+    return tmp
+
+
+def _env(path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LOOPLM_PLUGINS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(path), str(REPO), env.get("PYTHONPATH", "")])
+    env["LOOPLM_PLUGINS"] = "my_methods.damped"
+    env["LOOPLM_NO_PROGRESS"] = "1"
+    return env
+
+
+def test_the_example_recurrence_is_a_working_method(tmp_path: Path) -> None:
+    env = _env(_example(tmp_path))
+    cmd = [sys.executable, "-m", "looplm", "params", "--method", "damped", "--preset", "tiny"]
+    out = subprocess.run([*cmd, "step_init=0.3"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "recurrence" in out.stdout, out.stderr[-2000:]
+    out = subprocess.run([*cmd, "step_init=2"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "step_init=2.0 must be in (0, 1]" in out.stderr
+    files = ["tests/test_equations.py", "tests/test_param_counts.py", "tests/test_recurrences.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-o", "addopts=", "-p", "no:cacheprovider"]
+    out = subprocess.run([*cmd, *files, "-k", "damped"], cwd=REPO, env=env, capture_output=True,
+                         text=True)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:]
+    passed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("PASSED")}
+    for test in (
+        "tests/test_equations.py::test_forcing_bias[damped]",
+        "tests/test_param_counts.py::test_parameter_count_matches_the_closed_form[damped-22m]",
+        "tests/test_recurrences.py::test_declares_its_equation[damped]",
+    ):
+        assert test in passed, sorted(passed)
+
+
+def test_readme_and_docs_links_resolve() -> None:
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    assert len(pages) >= 9
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text()):
+            if not target.startswith("http"):
+                assert (page.parent / target).exists(), (page.name, target)
+    assert len((REPO / "README.md").read_text().splitlines()) < 250
