@@ -224,11 +224,6 @@ def climb_shape(depths: Sequence[float], accuracy: Sequence[float], chance: floa
     }
 
 
-def is_frontier_record(rec: EvalRecord) -> bool:
-    """A frontier accuracy row or a propagation row (reported in the frontier section only)."""
-    return difficulty_of(rec) is not None or "propagation" in rec.extra
-
-
 @register_section
 class FrontierSection(ReportSection):
     """Frontier heat maps, best accuracy per difficulty, climb shape and extrapolation per

@@ -40,6 +40,7 @@ from typing import Any
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.results.figures import Series, plot_depth_response, plot_scaling
+from looplm.results.report_adaptive import ADAPTIVE_CONTEXT_FIELDS
 from looplm.results.scaling import bootstrap_records, fit_records, scaling_points
 from looplm.results.sections import (
     ReportContext,
@@ -63,7 +64,6 @@ from looplm.results.tables import (
 )
 
 CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag", "calibration")
-ADAPTIVE_CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag")
 PHI_BOOT = 200  # bootstrap resamples for φ's interval
 
 

@@ -23,7 +23,8 @@ LAMBADA and diagnostics rows to the depth tables, the others to their own sectio
 kind brings its section in the same module.
 
 The runner asks each configured kind for its identities, skips those already in the store and
-writes the records ``run`` returns, so a kind never deals with the store or with resuming.
+writes the records :meth:`EvaluationKind.records` returns (``run``'s, marked with the kind), so a
+kind never deals with the store or with resuming.
 Adding a kind is one file in this folder (found by a package scan), or a plugin module named by
 an entry point (group ``looplm.evaluations``) or by ``$LOOPLM_PLUGINS``.
 """
