@@ -70,10 +70,6 @@ def _method_entry(m: Any, i: int) -> dict[str, Any]:
     return {"name": name, "recurrence": rec, "args": args, "overrides": [str(o) for o in overrides]}
 
 
-def _merge(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
-    return merge(base, upd)
-
-
 @dataclass
 class RunPlan:
     """One training run of the grid and where it lives."""
@@ -144,7 +140,7 @@ def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[
             raise LoopLMError(f"experiment config {p} has no 'full' section for --full")
         # the larger grid: its keys replace (mappings: merge into) the default grid's
         raw = check_settings(
-            ExperimentSettings, _merge(raw, check_keys(extra, _TOP_KEYS - {"full"}, "full")),
+            ExperimentSettings, merge(raw, check_keys(extra, _TOP_KEYS - {"full"}, "full")),
             "experiment",
         )  # fmt: skip
     return p, raw
@@ -184,9 +180,9 @@ def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | Non
             method = entry["name"]
             for seed in seeds:
                 sub = Path(vname) / method if vname else Path(method)
-                d = _merge(base, parse_overrides([str(o) for o in overrides]))
-                d = _merge(d, parse_overrides(entry["overrides"]))
-                d = _merge(
+                d = merge(base, parse_overrides([str(o) for o in overrides]))
+                d = merge(d, parse_overrides(entry["overrides"]))
+                d = merge(
                     d,
                     {
                         "model": {"recurrence": entry["recurrence"]},
@@ -196,9 +192,9 @@ def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | Non
                     },
                 )
                 if entry["args"]:
-                    d = _merge(d, {"model": {"recurrence_args": entry["args"]}})
+                    d = merge(d, {"model": {"recurrence_args": entry["args"]}})
                 if data_dir and not d.get("data", {}).get("data_dir"):
-                    d = _merge(d, {"data": {"data_dir": str(data_dir)}})
+                    d = merge(d, {"data": {"data_dir": str(data_dir)}})
                 cfg = config_from_dict(d)
                 proto = protocol_name(cfg, raw.get("protocol"))
                 if vname:
