@@ -9,6 +9,7 @@
   checks of Lemma 1, Theorem 2 and Corollary 3;
 * :mod:`~looplm.diagnostics.convergence` — successive-output KL, per-token convergence depth by
   token type (the per-token convergence study);
+* :mod:`~looplm.diagnostics.lens` — the Jacobian lens of a looped model (fit, logit lens, readout);
 * :mod:`~looplm.diagnostics.runner` — all of them over measured batches;
   :mod:`~looplm.diagnostics.plots` — the figures.
 """
