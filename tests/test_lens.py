@@ -192,3 +192,209 @@ def test_bad_input_is_one_line_error():
         L.fit_jacobian_lens(tiny("unshared", n_layers=3), [ids], loops=4)
     with pytest.raises(LoopLMError, match="skip_positions=6"):
         L.fit_jacobian_lens(model, [ids], loops=2, skip_positions=6)
+
+
+# --------------------------------------------------------------------------- tuned lens, fidelity
+def test_tuned_lens_is_affine_per_step_and_beats_identity_in_training():
+    model = tiny("looped", dtype=torch.float32)
+    ids = [prompts(8, seed=4), prompts(8, seed=5)]
+    tuned = L.fit_tuned_lens(model, ids, loops=3, steps=60, lr=1e-2)
+    hidden, _ = L.loop_states(model, ids[0], 3)
+    A, b = tuned.weights[1].float(), tuned.biases[1].float()
+    expect = model.readout(torch.einsum("ij,blj->bli", A, hidden[1]) + b)
+    assert torch.allclose(tuned.apply(model, hidden[1], 1), expect, atol=1e-5)
+    untrained = L.fit_tuned_lens(model, ids, loops=3, steps=0)
+    assert untrained.final_kl[0] > 1e-3
+    for t in range(3):
+        assert tuned.final_kl[t] < 0.8 * untrained.final_kl[t]
+        assert torch.equal(untrained.weights[t], torch.eye(8, dtype=torch.float64))
+
+
+def test_tuned_lens_save_load(tmp_path):
+    model = tiny("scse", dtype=torch.float32)
+    tuned = L.fit_tuned_lens(model, [prompts(4)], loops=2, steps=5)
+    tuned.save(tmp_path / "tuned")
+    back = L.TunedLens.load(tmp_path / "tuned")
+    assert back.metadata() == tuned.metadata()
+    assert all(torch.equal(back.weights[t], tuned.weights[t]) for t in range(3))
+    with pytest.raises(LoopLMError, match="kind 'tuned_lens'"):
+        L.JacobianLens.load(tmp_path / "tuned")
+
+
+def test_fidelity_metrics_against_torch_reference():
+    model = tiny("looped", dtype=torch.float32)
+    x = prompts(5, seed=6)
+    y = torch.full_like(x, -100)
+    y[:, -1] = prompts(5, seed=7)[:, 0]
+    y[0, 2] = 3
+    logit = L.logit_lens(model, 3)
+    fid = L.fidelity(model, {"logit": logit}, [(x, y)], loops=3, k=2)
+    hidden, final = L.loop_states(model, x, 3)
+    q = torch.log_softmax(model.readout(hidden[1]).double(), -1)
+    p = torch.log_softmax(final.double(), -1)
+    kl = torch.nn.functional.kl_div(q, p, log_target=True, reduction="none").sum(-1).mean(1)
+    assert torch.allclose(fid.values["logit"]["kl"][1], kl, atol=1e-10)
+    assert fid.values["logit"]["kl"][3].abs().max() < 1e-12
+    assert torch.equal(fid.values["logit"]["top1"][3], torch.ones(5, dtype=torch.float64))
+    agree = (q.argmax(-1) == final.argmax(-1)).double().mean(1)
+    assert torch.equal(fid.values["logit"]["top1"][1], agree)
+    top2 = final.topk(2, -1).indices
+    hit0 = [bool((top2[0, pos] == y[0, pos]).any()) for pos in (2, 5)]
+    assert float(fid.values["logit"]["pass_at_k"][3][0]) == sum(hit0) / 2
+    big = L.fidelity(model, {"logit": logit}, [(x, y)], loops=3, k=24)
+    assert torch.equal(big.values["logit"]["pass_at_k"], torch.ones(4, 5, dtype=torch.float64))
+    with pytest.raises(LoopLMError, match="fitted at T=3, not at loops=2"):
+        L.fidelity(model, {"logit": logit}, [(x, y)], loops=2)
+
+
+def test_lens_band_reads_paired_intervals():
+    n = 40
+    g = torch.Generator().manual_seed(0)
+    noise = lambda: 0.01 * torch.randn(4, n, generator=g, dtype=torch.float64)  # noqa: E731
+    base = torch.ones(4, n, dtype=torch.float64)
+    better = base.clone()
+    better[1:3] -= 0.5  # lower KL at steps 1 and 2 only
+    vals = {
+        "jacobian": {"kl": better + noise(), "top1": base, "pass_at_k": base},
+        "logit": {"kl": base + noise(), "top1": base, "pass_at_k": base},
+    }
+    summary = L.Fidelity(3, 5, ["jacobian", "logit"], vals).summary(n_boot=500)
+    band = L.lens_band(summary)
+    assert band["steps"] == [1, 2] and band["range"] == [1 / 3, 2 / 3]
+    assert L.lens_band(summary, "logit", "jacobian")["steps"] == []
+
+
+# --------------------------------------------------------------------------- structure
+from looplm.diagnostics import lens_structure as S  # noqa: E402
+
+
+def test_rank_measures_pinned_by_hand():
+    m = S.spectrum_measures(torch.diag(torch.tensor([1.0, 1.0, 0.0, 0.0])))
+    assert m["effective_rank"] == pytest.approx(2.0) and m["participation_ratio"] == 2.0
+    m = S.spectrum_measures(torch.diag(torch.tensor([3.0, 1.0])))
+    assert m["participation_ratio"] == pytest.approx(100 / 82)
+    assert m["effective_rank"] == pytest.approx(
+        math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    )
+    model = tiny("scse")
+    rows = S.workspace_ranks(model, L.logit_lens(model, 2))
+    assert rows[0]["J_effective_rank"] == pytest.approx(8.0) and len(rows) == 3
+
+
+def test_subspace_overlap_and_random_baseline():
+    e = torch.eye(6, dtype=torch.float64)
+    a = S.top_subspace(torch.diag(torch.tensor([5.0, 4, 3, 0, 0, 0])), 2)
+    b = S.top_subspace(torch.diag(torch.tensor([0.0, 0, 0, 5, 4, 3])), 2)
+    assert S.overlap(a, a) == pytest.approx(1.0)
+    assert S.overlap(a, b) == pytest.approx(0.0, abs=1e-12)
+    c = S.top_subspace(e[[0, 3]] * torch.tensor([[2.0], [1.0]]), 1)  # top direction: e_0
+    assert S.overlap(c, a[:, :1]) == pytest.approx(1.0)
+    rnd = S.random_overlap(6, 2, n=2000)
+    assert rnd["expected"] == pytest.approx(1 / 3) and abs(rnd["mean"] - 1 / 3) < 0.02
+    assert rnd["p95"] > rnd["mean"]
+    with pytest.raises(LoopLMError, match="k=7"):
+        S.top_subspace(e, 7)
+
+
+def _hand_lens(jacs: dict[int, torch.Tensor]) -> L.JacobianLens:
+    return L.JacobianLens(jacs, max(jacs), "exact", 1, 1, "")
+
+
+def test_stationarity_and_persistence_on_hand_made_fits():
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(5, 5, generator=g, dtype=torch.float64) * 0.6
+    stat = lambda T: _hand_lens({t: torch.matrix_power(A, T - t) for t in range(T + 1)})  # noqa: E731
+    out = S.stationarity([stat(4), stat(2)])
+    (pair,) = out["pairs"]
+    assert pair["loops"] == [2, 4] and pair["same_lag"] == [0.0, 0.0, 0.0]
+    assert min(pair["same_step"]) > 0.1  # J_t^(2) = A^(2−t) against J_t^(4) = A^(4−t)
+    per = S.persistence(stat(2), stat(4), k=2)
+    assert per["same_lag"] == pytest.approx([1.0, 1.0, 1.0])
+    with pytest.raises(LoopLMError, match="4 → 2"):
+        S.persistence(stat(4), stat(2))
+
+
+def test_step_jacobians_and_composition_gap():
+    model = tiny("scse")
+    ids = [prompts(3, seed=8)]
+    steps = S.fit_step_jacobians(model, ids, loops=3)
+    for s in range(3):  # M_s is the lens of depth s + 1 at step s
+        ref = L.fit_jacobian_lens(model, ids, loops=s + 1).jacobians[s]
+        assert (steps[s] - ref).abs().max() < 1e-12
+    lens1 = L.fit_jacobian_lens(model, ids, loops=1)
+    assert S.composition_gap(lens1, {0: steps[0]}) == [pytest.approx(0.0, abs=1e-14), 0.0]
+    lens3 = L.fit_jacobian_lens(model, ids, loops=3)
+    gap = S.composition_gap(lens3, steps)
+    assert gap[3] == 0.0 and gap[2] < 1e-12 and gap[0] > 1e-6  # E of a product ≠ product of E
+
+
+# --------------------------------------------------------------------------- interventions
+from looplm.diagnostics import lens_interventions as I  # noqa: E402
+
+
+def test_coordinate_swap_and_project_out_geometry():
+    ua = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    ub = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    r = torch.tensor([0.0, 0.0, 3.0, -1.0], dtype=torch.float64)
+    h = (2 * ua + 5 * ub + r).reshape(1, 1, 4)
+    assert torch.allclose(I.coordinate_swap(h, ua, ub), (5 * ua + 2 * ub + r).reshape(1, 1, 4))
+    half = I.coordinate_swap(h, ua, ub, 0.5)
+    assert torch.allclose(half, (3.5 * ua + 3.5 * ub + r).reshape(1, 1, 4))
+    assert torch.equal(I.coordinate_swap(h, ua, ua), h)  # a self-swap is exact
+    p = I.project_out(h, torch.stack([ua, ub]))
+    assert torch.allclose(p, r.reshape(1, 1, 4))
+    assert torch.equal(I.steer(h, ua, 0.0), h)
+
+
+@pytest.mark.parametrize("method,kw", [("scse", {}), ("looped", {}), ("unshared", {"n_layers": 3})])
+def test_self_swap_and_zero_steer_are_exact_no_ops(method, kw):
+    model = tiny(method, dtype=torch.float32, **kw)
+    ids = prompts(4, seed=9)
+    lens = L.fit_jacobian_lens(model, [ids], loops=3)
+    base = model(ids, loops=3)
+    tok = torch.tensor([1, 2, 3, 4])
+    for kind, strength, a, b in [("swap", 1.0, tok, tok), ("steer", 0.0, tok, tok + 1)]:
+        edit = I._edit_for(
+            kind, model, lens, a, b, strength, lambda t, h: h.norm(dim=-1, keepdim=True)
+        )
+        out = I.intervene(model, ids, 3, (0, 3), edit)
+        assert torch.equal(out, base), kind
+    real = I._edit_for("swap", model, lens, tok, tok + 1, 1.0, None)
+    assert not torch.equal(I.intervene(model, ids, 3, (1, 2), real), base)
+
+
+def test_intervention_at_the_last_step_reads_the_edited_state():
+    model = tiny("scse", dtype=torch.float64)
+    ids = prompts(2, seed=10)
+    hidden, _ = L.loop_states(model, ids, 3)
+    delta = torch.randn(8, dtype=torch.float64)
+    out = I.intervene(model, ids, 3, (3, 3), lambda t, h: I.steer(h, delta, 0.7))
+    assert torch.allclose(out, model.readout(hidden[3] + 0.7 * delta), atol=1e-12)
+    # an edit at one position of step 1 changes nothing before that position (causal attention)
+    pos = torch.zeros(2, 6, dtype=torch.bool)
+    pos[:, 3] = True
+    out = I.intervene(model, ids, 3, (1, 1), lambda t, h: I.steer(h, delta, 1.0), positions=pos)
+    base = model(ids, loops=3)
+    assert torch.equal(out[:, :3], base[:, :3]) and not torch.allclose(out[:, 3:], base[:, 3:])
+
+
+def test_dose_response_zero_dose_and_bad_band():
+    model = tiny("looped", dtype=torch.float32)
+    x = prompts(6, seed=11)
+    lens = L.fit_jacobian_lens(model, [x], loops=3)
+    res = I.dose_response(model, lens, [x], 3, (1, 2), strengths=(0.0, 1.0, 4.0))
+    assert res["n_prompts"] == 6 and res["target"]["to_rival"][0] == 0.0
+    assert res["target"]["changed"][0] == 0.0 and res["control"]["changed"][0] == 0.0
+    with torch.no_grad():
+        logits = model(x, loops=3)[:, -1]
+    top2 = logits.topk(2, -1)
+    margin = float((top2.values[:, 1] - top2.values[:, 0]).mean())
+    assert res["target"]["margin"][0] == pytest.approx(margin, abs=1e-5)
+    with pytest.raises(LoopLMError, match=r"band=\(2, 4\) lies outside the loop steps 0 … 3"):
+        I.dose_response(model, lens, [x], 3, (2, 4))
+    with pytest.raises(LoopLMError, match="band=\\(-1, 2\\)"):
+        I.intervene(model, x, 3, (-1, 2), lambda t, h: h)
+    with pytest.raises(LoopLMError, match="kind='push'"):
+        I.dose_response(model, lens, [x], 3, (1, 2), kind="push")
+    with pytest.raises(LoopLMError, match="fitted at T=3"):
+        I.dose_response(model, lens, [x], 4, (1, 2))
