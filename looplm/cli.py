@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "looplm.commands.adaptive",
     "looplm.commands.sweep",
     "looplm.commands.diagnose",
+    "looplm.commands.lens",
     "looplm.commands.generate",
     "looplm.commands.export",
     "looplm.commands.settings",

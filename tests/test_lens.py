@@ -398,3 +398,113 @@ def test_dose_response_zero_dose_and_bad_band():
         I.dose_response(model, lens, [x], 3, (1, 2), kind="push")
     with pytest.raises(LoopLMError, match="fitted at T=3"):
         I.dose_response(model, lens, [x], 4, (1, 2))
+
+
+# --------------------------------------------------------------------------- the command
+def _checkpoint(path, recurrence: str, seed: int = 0, **extra) -> str:
+    from looplm.checkpoint import save_checkpoint
+    from looplm.config import load_config
+
+    kw = dict(dropout=0.0, d_model=16, n_heads=2, d_ff=32, **extra)
+    cfg = load_config(
+        None,
+        [
+            "model.preset=tiny",
+            f"model.recurrence={recurrence}",
+            "data.dataset=bool_logic",
+            "train.depth_max=3",
+            *[f"model.{k}={v}" for k, v in kw.items()],
+        ],
+    )
+    torch.manual_seed(seed)
+    model = build_model("tiny", recurrence, **kw)
+    save_checkpoint(path, model, cfg, state={"step": 0})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return _checkpoint(tmp_path_factory.mktemp("lens_ckpt") / "scse", "scse")
+
+
+def test_lens_cli_writes_json_lenses_and_figures(ckpt, tmp_path, capsys):
+    import json
+
+    from looplm.cli import main
+
+    out = tmp_path / "lens"
+    argv = ["lens", ckpt, "--out", str(out), "--prompts", "4", "--batch-size", "2"]
+    argv += ["--extrapolate", "5", "--probes", "2", "--tuned-steps", "3", "--k", "2"]
+    assert main(argv) == 0
+    assert "lens of scse at T=3" in capsys.readouterr().out
+    res = json.loads((out / "lens.json").read_text())
+    assert res["loops"] == 3 and set(res["fidelity"]) == {"3", "5"}
+    assert res["n_fit_prompts"] == 4 and res["n_eval_prompts"] == 4
+    assert len(res["fidelity"]["5"]["arms"]["jacobian"]["kl"]) == 6
+    assert len(res["structure"]["composition_gap"]) == 4
+    assert res["fidelity"]["5"]["estimator"] == "hutchinson"
+    for name in ("lens_slice.png", "lens_slice.html", "lens_fidelity.png", "lens_angles.png"):
+        assert (out / name).stat().st_size > 1000, name
+    assert (out / "lens_dose.png").is_file()
+    lens = L.JacobianLens.load(out / "lens_T3")
+    assert lens.corpus == "bool_logic/eval" and lens.n_prompts == 4
+    # reuse the saved lens: same model and T accepted, another T refused with one line
+    assert (
+        main(
+            argv[:-8]
+            + [
+                "--extrapolate",
+                "",
+                "--no-plots",
+                "--lens",
+                str(out / "lens_T3"),
+                "--no-composition",
+                "--tuned-steps",
+                "0",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(argv + ["--lens", str(out / "lens_T3"), "--loops", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: loops=2: this lens was fitted at T=3") and "\n" not in err
+
+
+def test_lens_cli_bad_input_is_one_line(ckpt, tmp_path, capsys):
+    from looplm.cli import main
+
+    other = _checkpoint(tmp_path / "other", "scse", seed=1)
+    base = ["lens", ckpt, "--out", str(tmp_path / "o"), "--prompts", "2", "--extrapolate", ""]
+    fit = tmp_path / "fit"
+    assert (
+        main(
+            [
+                "lens",
+                other,
+                "--out",
+                str(fit),
+                "--prompts",
+                "2",
+                "--extrapolate",
+                "",
+                "--tuned-steps",
+                "0",
+                "--no-plots",
+                "--no-composition",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    cases = [
+        (["--loops", "0"], "--loops 0"),
+        (["--band", "2,7"], "band=(2, 7) lies outside the loop steps 0 … 3"),
+        (["--mode", "jacobi"], "mode='jacobi'"),
+        (["--extrapolate", "2"], "extrapolated depth 2 must be deeper"),
+        (["--lens", str(fit / "lens_T3")], "fitted on model"),
+    ]
+    for extra, msg in cases:
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert msg in err and "\n" not in err, (extra, err)

@@ -1,0 +1,311 @@
+"""The whole lens analysis of one model: fit, fidelity, structure, interventions, files.
+
+:func:`analyse_lens` is what ``looplm lens`` runs and what other analyses call with their own
+prompts. It writes into ``out``:
+
+* ``lens_T{T}/`` the fitted Jacobian lens and ``tuned_T{T}/`` the tuned lens per depth
+  (safetensors + JSON);
+* ``lens.json``: fidelity per step of the three arms at T and at the extrapolated depths (means
+  with t intervals, paired deltas with bootstrap intervals over prompts), the band of steps where
+  the J-lens beats the logit lens, workspace ranks, the subspace-overlap matrix against the
+  random baseline, persistence, stationarity, the composition gap, the swap dose-response, the
+  slice of top-1 tokens, and the wall time of each part;
+* the figures of :mod:`looplm.diagnostics.lens_plots`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looplm.diagnostics import lens as L
+from looplm.diagnostics import lens_interventions as I
+from looplm.diagnostics import lens_structure as S
+from looplm.errors import LoopLMError
+
+REFERENCE_BAND = (0.38, 0.92)  # the workspace band of the original study, as fractions of depth
+
+
+@dataclass
+class LensOptions:
+    """Settings of :func:`analyse_lens` (the defaults are the CLI's)."""
+
+    loops: int = 8
+    extrapolate: tuple[int, ...] = (24, 48)
+    mode: str = "exact"  # estimator at T
+    extrapolate_mode: str = "hutchinson"  # estimator at the extrapolated depths
+    probes: int = 16
+    skip_positions: int = 0
+    tuned_steps: int = 150
+    k: int = 8  # subspace dimension
+    band: tuple[int, int] | None = None  # intervention band; None: the J-beats-logit band
+    strengths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+    composition: bool = True  # fit the one-step Jacobians (costs about one exact fit)
+    seed: int = 0
+    n_boot: int = 2000
+    corpus: str = ""
+    progress: bool = True
+    plots: bool = True
+    slice_prompt: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, model: torch.nn.Module) -> None:
+        L.check_lens_loops(model, self.loops)
+        for T in self.extrapolate:
+            L.check_lens_loops(model, T)
+            if T <= self.loops:
+                raise LoopLMError(
+                    f"extrapolated depth {T} must be deeper than the fitted T={self.loops}"
+                )
+        for m in (self.mode, self.extrapolate_mode):
+            if m not in L.ESTIMATORS:
+                raise LoopLMError(f"mode={m!r}; allowed: {', '.join(L.ESTIMATORS)}")
+        S.check_k(self.k, model.config.d_model)
+        if self.band is not None:
+            I.check_band(self.band, self.loops)
+        if self.tuned_steps < 0:
+            raise LoopLMError(f"tuned_steps={self.tuned_steps} must be >= 0")
+
+
+def _say(msg: str, enabled: bool) -> None:
+    if enabled:
+        print(f"[lens] {msg}", flush=True)
+
+
+def _fit_depth(
+    lens: L.JacobianLens | None,
+    model,
+    fit_batches,
+    eval_batches,
+    T: int,
+    mode: str,
+    opts: LensOptions,
+    pad_id,
+    out: Path,
+    timings: dict,
+) -> tuple[L.JacobianLens, dict]:
+    t0 = time.perf_counter()
+    jl = lens or L.fit_jacobian_lens(
+        model,
+        fit_batches,
+        T,
+        mode,
+        probes=opts.probes,
+        skip_positions=opts.skip_positions,
+        pad_id=pad_id,
+        seed=opts.seed,
+        corpus=opts.corpus,
+        progress=opts.progress,
+    )
+    timings[f"fit_T{T}"] = time.perf_counter() - t0
+    jl.save(out / f"lens_T{T}")
+    t0 = time.perf_counter()
+    tuned = L.fit_tuned_lens(
+        model,
+        fit_batches,
+        T,
+        steps=opts.tuned_steps,
+        pad_id=pad_id,
+        seed=opts.seed,
+        progress=opts.progress,
+    )
+    tuned.save(out / f"tuned_T{T}")
+    timings[f"tuned_T{T}"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    arms = {"jacobian": jl, "logit": L.logit_lens(model, T), "tuned": tuned}
+    fid = L.fidelity(model, arms, eval_batches, T, pad_id=pad_id)
+    summary = fid.summary(n_boot=opts.n_boot, seed=opts.seed)
+    timings[f"fidelity_T{T}"] = time.perf_counter() - t0
+    summary["band"] = {m: L.lens_band(summary, metric=m) for m in L.FIDELITY_METRICS}
+    summary["estimator"] = jl.estimator
+    summary["tuned_final_kl"] = tuned.final_kl
+    return jl, summary
+
+
+def token_label(tokenizer, tok: int, pad_id: int | None = None) -> str:
+    """A short printable label of one token id."""
+    if pad_id is not None and tok == pad_id:
+        return "·"
+    try:
+        text = tokenizer.decode([int(tok)])
+    except LoopLMError:
+        return f"<{tok}>"
+    if text == "<|endoftext|>":
+        return "⏎"
+    return repr(text)[1:-1] if not text.isprintable() or text.strip() != text else text
+
+
+def lens_slice(
+    model, lens: L.JacobianLens, ids: torch.Tensor, tokenizer=None, pad_id: int | None = None
+) -> dict[str, Any]:
+    """Top-1 token and its probability under the lens at every (loop step, position) of one
+    prompt (1, L), with the logit lens alongside."""
+    hidden, final = L.loop_states(model, ids, lens.loops)
+    out: dict[str, Any] = {"tokens": ids[0].tolist(), "jacobian": [], "logit": []}
+    ident = L.logit_lens(model, lens.loops)
+    for arm, lz in (("jacobian", lens), ("logit", ident)):
+        for t, h in enumerate(hidden):
+            with torch.no_grad():
+                p = torch.softmax(lz.apply(model, h, t)[0].double(), -1)
+            prob, top = p.max(-1)
+            out[arm].append({"top": top.tolist(), "prob": prob.tolist()})
+    out["model_top"] = final[0].argmax(-1).tolist()
+    if tokenizer is not None:
+        lab = lambda i: token_label(tokenizer, i, pad_id)  # noqa: E731
+        out["text"] = [lab(i) for i in out["tokens"]]
+        for arm in ("jacobian", "logit"):
+            for row in out[arm]:
+                row["label"] = [lab(i) for i in row["top"]]
+    return out
+
+
+def analyse_lens(
+    model: torch.nn.Module,
+    fit_batches: Sequence[L.Batch],
+    eval_batches: Sequence[L.Batch],
+    out: str | Path,
+    opts: LensOptions | None = None,
+    *,
+    pad_id: int | None = None,
+    tokenizer=None,
+    lens: L.JacobianLens | None = None,
+) -> dict[str, Any]:
+    """Run the full analysis and write ``out/lens.json`` (+ lens files and figures).
+
+    ``lens``: a Jacobian lens already fitted on this model at T, used instead of a new fit.
+    """
+    from looplm.io import atomic_write_json
+
+    opts = opts or LensOptions()
+    opts.validate(model)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    say = opts.progress
+    timings: dict[str, float] = {}
+    t_all = time.perf_counter()
+    T = opts.loops
+    d = model.config.d_model
+    _say(
+        f"fitting at T={T} ({opts.mode}) on {sum(L.batch_ids(b).shape[0] for b in fit_batches)}"
+        " prompts",
+        say,
+    )
+    if lens is not None:
+        lens.check_model(model, T)
+    lens, fid_T = _fit_depth(
+        lens, model, fit_batches, eval_batches, T, opts.mode, opts, pad_id, out, timings
+    )
+    result: dict[str, Any] = {
+        "model_hash": lens.model_hash,
+        "family": lens.family,
+        "d_model": d,
+        "loops": T,
+        "n_fit_prompts": lens.n_prompts,
+        "n_eval_prompts": sum(L.batch_ids(b).shape[0] for b in eval_batches),
+        "options": {k: v for k, v in asdict(opts).items() if k not in ("progress", "extra")},
+        "fidelity": {str(T): fid_T},
+    }
+    lenses = {T: lens}
+    for Tx in opts.extrapolate:
+        _say(f"fitting at extrapolated T={Tx} ({opts.extrapolate_mode})", say)
+        lx, fx = _fit_depth(
+            None,
+            model,
+            fit_batches,
+            eval_batches,
+            Tx,
+            opts.extrapolate_mode,
+            opts,
+            pad_id,
+            out,
+            timings,
+        )
+        lenses[Tx] = lx
+        result["fidelity"][str(Tx)] = fx
+
+    _say("workspace structure", say)
+    t0 = time.perf_counter()
+    rnd = S.random_overlap(d, opts.k, seed=opts.seed)
+    result["structure"] = {
+        "ranks": S.workspace_ranks(model, lens),
+        "k": opts.k,
+        "overlap": S.overlap_matrix(lens, k=opts.k).tolist(),
+        "random_overlap": rnd,
+        "persistence": {
+            str(Tx): S.persistence(lens, lenses[Tx], opts.k) for Tx in opts.extrapolate
+        },
+    }
+    if len(lenses) > 1:
+        result["structure"]["stationarity"] = S.stationarity(list(lenses.values()))
+    timings["structure"] = time.perf_counter() - t0
+    if opts.composition:
+        t0 = time.perf_counter()
+        steps = S.fit_step_jacobians(
+            model, fit_batches, T, pad_id=pad_id, skip_positions=opts.skip_positions
+        )
+        result["structure"]["composition_gap"] = S.composition_gap(lens, steps)
+        timings["composition"] = time.perf_counter() - t0
+
+    _say("interventions", say)
+    t0 = time.perf_counter()
+    band = opts.band
+    kl_band = fid_T["band"]["kl"]["steps"]
+    if band is None:
+        band = (
+            (min(kl_band), max(kl_band)) if kl_band else I.band_from_fractions(*REFERENCE_BAND, T)
+        )
+    band_source = "option" if opts.band else ("J-beats-logit (KL)" if kl_band else "reference")
+    result["interventions"] = {
+        "band": list(band),
+        "band_source": band_source,
+        "swap": {
+            arm: I.dose_response(
+                model,
+                lz,
+                eval_batches,
+                T,
+                band,
+                kind="swap",
+                strengths=opts.strengths,
+                pad_id=pad_id,
+            )
+            for arm, lz in (("jacobian", lens), ("logit", L.logit_lens(model, T)))
+        },
+    }
+    timings["interventions"] = time.perf_counter() - t0
+    first = L.batch_ids(eval_batches[0])
+    row = min(opts.slice_prompt, first.shape[0] - 1)
+    ids = first[row : row + 1]
+    if pad_id is not None:
+        keep = int((ids[0] != pad_id).sum())
+        ids = ids[:, : max(keep, 1)]
+    result["slice"] = lens_slice(model, lens, ids, tokenizer, pad_id)
+    timings["total"] = time.perf_counter() - t_all
+    result["seconds"] = timings
+    result["out"] = str(out) + "/"
+    atomic_write_json(out / "lens.json", _clean(result))
+    if opts.plots:
+        from looplm.diagnostics.lens_plots import render_lens_figures
+
+        result["figures"] = [str(p) for p in render_lens_figures(result, out)]
+    _say(f"wrote {out / 'lens.json'} ({timings['total']:.0f} s)", say)
+    return result
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf → None, tuples → lists, tensors → lists."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return _clean(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
