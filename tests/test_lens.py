@@ -433,8 +433,9 @@ def test_lens_cli_writes_json_lenses_and_figures(ckpt, tmp_path, capsys):
     from looplm.cli import main
 
     out = tmp_path / "lens"
-    argv = ["lens", ckpt, "--out", str(out), "--prompts", "4", "--batch-size", "2"]
-    argv += ["--extrapolate", "5", "--probes", "2", "--tuned-steps", "3", "--k", "2"]
+    argv = ["lens", ckpt, "--out", str(out), "--prompts", "4", "--eval-prompts", "4"]
+    argv += ["--extrapolate", "5", "--extrapolate-mode", "hutchinson", "--probes", "2"]
+    argv += ["--batch-size", "2", "--tuned-steps", "3", "--k", "2"]
     assert main(argv) == 0
     assert "lens of scse at T=3" in capsys.readouterr().out
     res = json.loads((out / "lens.json").read_text())
@@ -449,22 +450,9 @@ def test_lens_cli_writes_json_lenses_and_figures(ckpt, tmp_path, capsys):
     lens = L.JacobianLens.load(out / "lens_T3")
     assert lens.corpus == "bool_logic/eval" and lens.n_prompts == 4
     # reuse the saved lens: same model and T accepted, another T refused with one line
-    assert (
-        main(
-            argv[:-8]
-            + [
-                "--extrapolate",
-                "",
-                "--no-plots",
-                "--lens",
-                str(out / "lens_T3"),
-                "--no-composition",
-                "--tuned-steps",
-                "0",
-            ]
-        )
-        == 0
-    )
+    reuse = ["lens", ckpt, "--out", str(tmp_path / "again"), "--prompts", "4", "--eval-prompts"]
+    reuse += ["4", "--extrapolate", "", "--lens", str(out / "lens_T3"), "--no-plots"]
+    assert main(reuse + ["--no-composition", "--tuned-steps", "0"]) == 0
     capsys.readouterr()
     assert main(argv + ["--lens", str(out / "lens_T3"), "--loops", "2"]) == 2
     err = capsys.readouterr().err.strip()
@@ -475,27 +463,12 @@ def test_lens_cli_bad_input_is_one_line(ckpt, tmp_path, capsys):
     from looplm.cli import main
 
     other = _checkpoint(tmp_path / "other", "scse", seed=1)
-    base = ["lens", ckpt, "--out", str(tmp_path / "o"), "--prompts", "2", "--extrapolate", ""]
+    base = ["lens", ckpt, "--out", str(tmp_path / "o"), "--prompts", "2", "--eval-prompts", "2"]
+    base += ["--extrapolate", ""]
     fit = tmp_path / "fit"
-    assert (
-        main(
-            [
-                "lens",
-                other,
-                "--out",
-                str(fit),
-                "--prompts",
-                "2",
-                "--extrapolate",
-                "",
-                "--tuned-steps",
-                "0",
-                "--no-plots",
-                "--no-composition",
-            ]
-        )
-        == 0
-    )
+    fit_argv = ["lens", other, "--out", str(fit), "--prompts", "2", "--eval-prompts", "2"]
+    fit_argv += ["--extrapolate", "", "--tuned-steps", "0", "--no-plots", "--no-composition"]
+    assert main(fit_argv) == 0
     capsys.readouterr()
     cases = [
         (["--loops", "0"], "--loops 0"),

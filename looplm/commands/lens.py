@@ -33,10 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="depth T of the fit (default: the largest training depth; an unshared model's "
         "layer count)",
     )
-    p.add_argument("--prompts", type=int, default=32, help="fitting prompts (default 32)")
-    p.add_argument(
-        "--eval-prompts", type=int, help="held-out prompts for fidelity (default: --prompts)"
-    )
+    p.add_argument("--prompts", type=int, default=16, help="fitting prompts (default 16)")
+    p.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts (default 32)")
     p.add_argument(
         "--extrapolate",
         default="24,48",
@@ -46,8 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", default="exact", help="estimator at T: exact | hutchinson")
     p.add_argument(
         "--extrapolate-mode",
-        default="hutchinson",
-        help="estimator at the extrapolated depths: exact | hutchinson (default hutchinson)",
+        default="exact",
+        help="estimator at the extrapolated depths: exact | hutchinson (default exact)",
     )
     p.add_argument("--probes", type=int, default=16, help="Hutchinson probes per prompt")
     p.add_argument(
@@ -156,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     )
     opts.validate(model)
     fit_b, eval_b, info, pad_id = _batches(
-        cfg, args, args.prompts, args.eval_prompts or args.prompts
+        cfg, args, args.prompts, args.eval_prompts
     )
     opts.corpus = f"{info['dataset']}/{info['split']}"
     tokenizer = None

@@ -39,7 +39,7 @@ class LensOptions:
     loops: int = 8
     extrapolate: tuple[int, ...] = (24, 48)
     mode: str = "exact"  # estimator at T
-    extrapolate_mode: str = "hutchinson"  # estimator at the extrapolated depths
+    extrapolate_mode: str = "exact"  # estimator at the extrapolated depths
     probes: int = 16
     skip_positions: int = 0
     tuned_steps: int = 150
