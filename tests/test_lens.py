@@ -390,6 +390,10 @@ def test_dose_response_zero_dose_and_bad_band():
     top2 = logits.topk(2, -1)
     margin = float((top2.values[:, 1] - top2.values[:, 0]).mean())
     assert res["target"]["margin"][0] == pytest.approx(margin, abs=1e-5)
+    for kind in ("steer", "project"):
+        other = I.dose_response(model, lens, [x], 3, (1, 3), kind=kind, strengths=(0.0, 8.0))
+        assert other["target"]["changed"][0] == 0.0 and other["kind"] == kind
+        assert other["target"]["margin"][1] != other["target"]["margin"][0]
     with pytest.raises(LoopLMError, match=r"band=\(2, 4\) lies outside the loop steps 0 … 3"):
         I.dose_response(model, lens, [x], 3, (2, 4))
     with pytest.raises(LoopLMError, match="band=\\(-1, 2\\)"):
@@ -481,3 +485,18 @@ def test_lens_cli_bad_input_is_one_line(ckpt, tmp_path, capsys):
         assert main(base + extra) == 2, extra
         err = capsys.readouterr().err.strip()
         assert msg in err and "\n" not in err, (extra, err)
+
+
+def test_token_ranks_per_step():
+    model = tiny("looped", dtype=torch.float32)
+    ids = prompts(3, seed=12)
+    logit = L.logit_lens(model, 3)
+    hidden, final = L.loop_states(model, ids, 3)
+    pos = torch.tensor([5, 2, 4])
+    top = final[torch.arange(3), pos].argmax(-1)
+    ranks = L.token_ranks(model, {"logit": logit}, ids, 3, pos, top)["logit"]
+    assert ranks.shape == (4, 3) and torch.equal(ranks[3], torch.zeros(3, dtype=torch.long))
+    order = model.readout(hidden[1][1, 2]).argsort(descending=True)
+    assert int(ranks[1, 1]) == int((order == top[1]).nonzero())
+    with pytest.raises(LoopLMError, match="positions must lie in 0 … 5"):
+        L.token_ranks(model, {"logit": logit}, ids, 3, torch.tensor([6, 0, 0]), top)

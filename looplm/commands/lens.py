@@ -61,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--lens", help="a saved Jacobian lens (lens_T{T} folder) to use at T instead of fitting"
     )
+    p.add_argument(
+        "--interventions",
+        default="swap",
+        help="comma-separated dose-responses: swap, steer, project (default swap; '' for none)",
+    )
     p.add_argument("--no-composition", action="store_true", help="skip the one-step Jacobians")
     p.add_argument("--data", help="corpus or synthetic task (default: the checkpoint's own)")
     p.add_argument("--data-dir", help="folder with local corpora (e.g. ../shared/data)")
@@ -149,13 +154,12 @@ def run(args: argparse.Namespace) -> int:
         k=args.k,
         band=band,
         composition=not args.no_composition,
+        interventions=tuple(k.strip() for k in args.interventions.split(",") if k.strip()),
         seed=args.seed,
         plots=not args.no_plots,
     )
     opts.validate(model)
-    fit_b, eval_b, info, pad_id = _batches(
-        cfg, args, args.prompts, args.eval_prompts
-    )
+    fit_b, eval_b, info, pad_id = _batches(cfg, args, args.prompts, args.eval_prompts)
     opts.corpus = f"{info['dataset']}/{info['split']}"
     tokenizer = None
     try:
@@ -185,10 +189,13 @@ def _print_summary(result: dict) -> None:
         line = ", ".join(f"{a} {kl[a][mid]:.3g}" for a in arms)
         print(f"  T={depth}: KL at t={mid}: {line}; J beats logit (KL) at steps {band or 'none'}")
     iv = result["interventions"]
+    if "swap" not in iv:
+        print(f"  wrote {result['out']}lens.json in {result['seconds']['total']:.0f} s")
+        return
     sw = iv["swap"]["jacobian"]
     i1 = sw["strengths"].index(1.0) if 1.0 in sw["strengths"] else -1
     print(
         f"  swap over steps {iv['band'][0]}–{iv['band'][1]} (J-lens): top-1 → runner-up "
         f"{sw['target']['to_rival'][i1]:.2f}, control pair {sw['control']['to_rival'][i1]:.2f}"
     )
-    print(f"  wrote {result.get('out', '')}lens.json in {result['seconds']['total']:.0f} s")
+    print(f"  wrote {result['out']}lens.json in {result['seconds']['total']:.0f} s")

@@ -850,3 +850,39 @@ def lens_band(
         "fractions": [t / T for t in steps],
         "range": [min(steps) / T, max(steps) / T] if steps else None,
     }
+
+
+@torch.no_grad()
+def token_ranks(
+    model: torch.nn.Module,
+    arms: dict[str, Any],
+    ids: torch.Tensor,
+    loops: int,
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Per arm, the rank (0 = top-1) of ``tokens[b]`` in lens_t's logits at ``positions[b]`` of
+    prompt b, for every loop step: arm → (T+1, B) int64. E.g. where a bridge entity that never
+    appears in a prompt surfaces in the loop."""
+    check_lens_loops(model, loops)
+    B = ids.shape[0]
+    positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
+    tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+    if positions.numel() != B or tokens.numel() != B:
+        raise LoopLMError(f"one position and one token per prompt needed ({B} prompts)")
+    if int(positions.min()) < 0 or int(positions.max()) >= ids.shape[1]:
+        raise LoopLMError(f"positions must lie in 0 … {ids.shape[1] - 1}")
+    for name, arm in arms.items():
+        if arm.loops != loops:
+            raise LoopLMError(f"arm {name!r} was fitted at T={arm.loops}, not at loops={loops}")
+    hidden, _ = loop_states(model, ids, loops)
+    rows = torch.arange(B)
+    out = {}
+    for name, arm in arms.items():
+        ranks = []
+        for t, h in enumerate(hidden):
+            logits = arm.apply(model, h[rows, positions], t)  # (B, V)
+            target = logits[rows, tokens]
+            ranks.append((logits > target[:, None]).sum(-1))
+        out[name] = torch.stack(ranks)
+    return out

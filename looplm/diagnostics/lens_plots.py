@@ -179,6 +179,6 @@ def render_lens_figures(result: dict[str, Any] | str | Path, out: str | Path) ->
         plot_fidelity(result, out / "lens_fidelity.png"),
         plot_angles(result, out / "lens_angles.png"),
     ]
-    if result.get("interventions"):
+    if result.get("interventions", {}).get("swap"):
         paths.append(plot_dose(result, out / "lens_dose.png"))
     return paths

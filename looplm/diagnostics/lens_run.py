@@ -47,6 +47,7 @@ class LensOptions:
     band: tuple[int, int] | None = None  # intervention band; None: the J-beats-logit band
     strengths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
     composition: bool = True  # fit the one-step Jacobians (costs about one exact fit)
+    interventions: tuple[str, ...] = ("swap",)  # dose-responses to run: swap, steer, project
     seed: int = 0
     n_boot: int = 2000
     corpus: str = ""
@@ -69,6 +70,9 @@ class LensOptions:
         S.check_k(self.k, model.config.d_model)
         if self.band is not None:
             I.check_band(self.band, self.loops)
+        for kind in self.interventions:
+            if kind not in I.KINDS:
+                raise LoopLMError(f"intervention {kind!r}; allowed: {', '.join(I.KINDS)}")
         if self.tuned_steps < 0:
             raise LoopLMError(f"tuned_steps={self.tuned_steps} must be >= 0")
 
@@ -261,23 +265,22 @@ def analyse_lens(
             (min(kl_band), max(kl_band)) if kl_band else I.band_from_fractions(*REFERENCE_BAND, T)
         )
     band_source = "option" if opts.band else ("J-beats-logit (KL)" if kl_band else "reference")
-    result["interventions"] = {
-        "band": list(band),
-        "band_source": band_source,
-        "swap": {
+    result["interventions"] = {"band": list(band), "band_source": band_source}
+    arms = (("jacobian", lens), ("logit", L.logit_lens(model, T)))
+    for kind in opts.interventions:
+        result["interventions"][kind] = {
             arm: I.dose_response(
                 model,
                 lz,
                 eval_batches,
                 T,
                 band,
-                kind="swap",
+                kind=kind,
                 strengths=opts.strengths,
                 pad_id=pad_id,
             )
-            for arm, lz in (("jacobian", lens), ("logit", L.logit_lens(model, T)))
-        },
-    }
+            for arm, lz in arms
+        }
     timings["interventions"] = time.perf_counter() - t0
     first = L.batch_ids(eval_batches[0])
     row = min(opts.slice_prompt, first.shape[0] - 1)
