@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from looplm.errors import LoopLMError
+from looplm.targets import IGNORE_INDEX
 
 ESTIMATORS = ("exact", "hutchinson")
 LENS_FORMAT = 1
@@ -789,7 +790,7 @@ def fidelity(
             hidden, logits = loop_states(model, ids, loops)
             logp = torch.log_softmax(logits.double(), dim=-1)
             top1 = logits.argmax(-1)
-            sup = targets != -100
+            sup = targets != IGNORE_INDEX
             m = mask.double()
             for name, arm in arms.items():
                 per = {key: [] for key in FIDELITY_METRICS}
@@ -819,10 +820,10 @@ def _targets(batch: Batch, ids: torch.Tensor, pad_id: int | None) -> torch.Tenso
         if y.shape != ids.shape:
             raise LoopLMError(f"targets {tuple(y.shape)} do not match ids {tuple(ids.shape)}")
         return y
-    y = torch.full_like(ids, -100)
+    y = torch.full_like(ids, IGNORE_INDEX)
     y[:, :-1] = ids[:, 1:]
     if pad_id is not None:
-        y[y == pad_id] = -100
+        y[y == pad_id] = IGNORE_INDEX
     return y
 
 

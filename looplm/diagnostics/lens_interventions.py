@@ -26,6 +26,7 @@ import torch
 
 from looplm.diagnostics.lens import Batch, batch_ids, check_lens_loops
 from looplm.errors import LoopLMError
+from looplm.targets import IGNORE_INDEX
 
 Edit = Callable[[int, torch.Tensor], torch.Tensor]
 KINDS = ("swap", "steer", "project")
@@ -144,7 +145,7 @@ def read_positions(batch: Batch, pad_id: int | None = None) -> torch.Tensor:
     targets)`` batch with −100 elsewhere), else its last non-pad token."""
     ids = batch_ids(batch)
     if isinstance(batch, (tuple, list)) and len(batch) > 1:
-        sup = batch[1] != -100
+        sup = batch[1] != IGNORE_INDEX
     else:
         sup = torch.ones_like(ids, dtype=torch.bool) if pad_id is None else ids != pad_id
     if not bool(sup.any(1).all()):
