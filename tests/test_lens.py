@@ -53,11 +53,9 @@ def brute_force_lens(
                 ctx = model.prepare(x)
                 steps = list(model.unroll(ctx, loops))
             h_t = steps[t].hidden.detach()
-            rec = steps[t].recurrence
 
-            def f(h, ctx=ctx, rec=rec, t=t):
-                state = h if rec is None else rec.from_hidden(h, ctx)
-                last = list(model.unroll(ctx, loops, state=state, start=t))[-1]
+            def f(h, ctx=ctx, step=steps[t], t=t):
+                last = list(model.unroll(ctx, loops, state=step.state_for(h), start=t))[-1]
                 return model.finish(last.hidden, ctx)
 
             jac = torch.autograd.functional.jacobian(f, h_t)  # (1, L, d, 1, L, d)
@@ -75,6 +73,7 @@ FAMILIES = [
     ("looped", {}),
     ("scse", {"core_layers": 2}),
     ("gated", {}),
+    ("hyper_scse", {}),
     ("looped", {"coda_layers": 1, "prelude_layers": 1}),
     ("unshared", {"n_layers": 3}),
 ]
@@ -93,6 +92,19 @@ def test_exact_lens_equals_brute_force_jacobian(method, kw):
         assert err < 1e-8, (t, err)
     # the Jacobian is not trivially the identity before the last step
     assert (lens.jacobians[0] - torch.eye(8, dtype=torch.float64)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("method", ["scse", "hyper_looped", "unshared"])
+def test_state_for_replaces_the_hidden_state_and_keeps_the_rest(method):
+    model = tiny(method, n_layers=3) if method == "unshared" else tiny(method)
+    with torch.no_grad():
+        ctx = model.prepare(prompts(2))
+        steps = list(model.unroll(ctx, 2))
+    st = steps[1]
+    assert torch.equal(st.state_for(st.hidden), st.state)  # bit for bit
+    delta = torch.randn_like(st.hidden)
+    moved = L.LoopStep(1, st.state_for(st.hidden + delta), ctx, st.recurrence)
+    assert torch.allclose(moved.hidden, st.hidden + delta, atol=1e-12)
 
 
 def test_skip_positions_matches_brute_force():
@@ -354,12 +366,10 @@ def test_self_swap_and_zero_steer_are_exact_no_ops(method, kw):
     base = model(ids, loops=3)
     tok = torch.tensor([1, 2, 3, 4])
     for kind, strength, a, b in [("swap", 1.0, tok, tok), ("steer", 0.0, tok, tok + 1)]:
-        edit = I._edit_for(
-            kind, model, lens, a, b, strength, lambda t, h: h.norm(dim=-1, keepdim=True)
-        )
+        edit = I.token_edit(kind, model, lens, a, b, strength)
         out = I.intervene(model, ids, 3, (0, 3), edit)
         assert torch.equal(out, base), kind
-    real = I._edit_for("swap", model, lens, tok, tok + 1, 1.0, None)
+    real = I.token_edit("swap", model, lens, tok, tok + 1, 1.0)
     assert not torch.equal(I.intervene(model, ids, 3, (1, 2), real), base)
 
 

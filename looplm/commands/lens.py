@@ -14,6 +14,7 @@ import argparse
 from looplm.errors import LoopLMError
 
 
+# long: one argparse option per setting, each with its help text
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "lens",

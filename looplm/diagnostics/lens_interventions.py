@@ -11,7 +11,7 @@ own unroll continues from the edited state (``model.unroll(…, state=…, start
   ``h ← h + β (c_b − c_a)(u_a − u_b)`` (β = 1 the full swap, β a dose)
 * project-out:     ``h ← h − β Q Qᵀ h``, Q an orthonormal basis of the span of the directions
 
-A state edit enters the recurrence through ``from_hidden``:
+A state edit enters the recurrence through ``LoopStep.state_for``:
 ``s ← s + from_hidden(h′) − from_hidden(h)`` (for SCSE ``Δ ← Δ + (h′ − h)``), so a swap of a
 token with itself (u_a − u_b = 0) and a zero-strength steer leave every state, and the logits,
 bit-for-bit unchanged.
@@ -127,16 +127,13 @@ def intervene(
 
 
 def _edited_state(st, edit: Edit, positions: torch.Tensor | None) -> torch.Tensor:
-    """The recurrent state of ``st`` after editing its hidden state: s + from_hidden(h′) −
-    from_hidden(h), so an edit that changes nothing changes no bit of the state."""
+    """The recurrent state of ``st`` after editing its hidden state (an edit that changes no bit
+    of h_t changes no bit of the state)."""
     h = st.hidden
     h_new = edit(st.t, h)
     if positions is not None:
         h_new = torch.where(positions[..., None].to(h.device), h_new, h)
-    rec = st.recurrence
-    if rec is None:
-        return h_new
-    return st.state + (rec.from_hidden(h_new, st.context) - rec.from_hidden(h, st.context))
+    return st.state_for(h_new)
 
 
 # --------------------------------------------------------------------------- dose-response
@@ -154,10 +151,18 @@ def read_positions(batch: Batch, pad_id: int | None = None) -> torch.Tensor:
     return torch.where(sup, idx, -1).max(1).values
 
 
-def _edit_for(
-    kind: str, model, lens, tok_a: torch.Tensor, tok_b: torch.Tensor, strength: float, hnorm
+def token_edit(
+    kind: str,
+    model: torch.nn.Module,
+    lens: Any,
+    tok_a: torch.Tensor,
+    tok_b: torch.Tensor,
+    strength: float,
 ) -> Edit:
-    """The edit of one dose: token directions of each step from the lens, per prompt."""
+    """The edit of one dose along the lens's token directions of each step, per prompt (tokens
+    (B,)): ``swap`` a ↔ b, ``steer`` toward b by α·‖h_t‖ (α = ``strength``), ``project`` a out."""
+    if kind not in KINDS:
+        raise LoopLMError(f"kind={kind!r}; allowed: {', '.join(KINDS)}")
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def directions(t: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,14 +177,40 @@ def _edit_for(
         ua, ub = directions(t)
         if kind == "swap":
             return coordinate_swap(h, ua, ub, strength)
-        if kind == "steer":  # toward b, α in units of the state's norm
+        if kind == "steer":
             unit = ub / ub.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-            return steer(h, unit[:, None, :] * hnorm(t, h), strength)
+            return steer(h, unit[:, None, :] * h.norm(dim=-1, keepdim=True), strength)
         return project_out(h, ua[:, None, :], strength)
 
     return edit
 
 
+def _dose_batch(
+    model, lens, batch, loops, band, kind, strengths, control_ranks, rows, *, pad_id, all_positions
+) -> None:
+    """Add one batch's per-prompt outcomes of every dose to ``rows``."""
+    ids = batch_ids(batch)
+    pos = read_positions(batch, pad_id)
+    idx = torch.arange(ids.shape[0])
+    order = model(ids, loops=loops)[idx, pos].argsort(dim=-1, descending=True)  # (B, V)
+    a, b = order[:, 0], order[:, 1]
+    r1, r2 = control_ranks
+    pairs = {"target": (a, b), "control": (order[:, r1], order[:, r2])}
+    mask = None
+    if not all_positions:
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[idx, pos] = True
+    for arm, (ta, tb) in pairs.items():
+        for s in strengths:
+            edit = token_edit(kind, model, lens, ta, tb, float(s))
+            out = intervene(model, ids, loops, band, edit, positions=mask)[idx, pos]
+            top = out.argmax(-1)
+            rows[arm][s]["to_rival"] += (top == b).double().tolist()
+            rows[arm][s]["changed"] += (top != a).double().tolist()
+            rows[arm][s]["margin"] += (out[idx, b] - out[idx, a]).double().tolist()
+
+
+# long: the argument checks and the result table of every dose, around a short batch loop
 @torch.no_grad()
 def dose_response(
     model: torch.nn.Module,
@@ -226,31 +257,8 @@ def dose_response(
     model.eval()
     try:
         for batch in batches:
-            ids = batch_ids(batch)
-            pos = read_positions(batch, pad_id)
-            B = ids.shape[0]
-            rows_b = torch.arange(B)
-            base = model(ids, loops=loops)[rows_b, pos]  # (B, V)
-            order = base.argsort(dim=-1, descending=True)
-            a, b = order[:, 0], order[:, 1]
-            pairs = {"target": (a, b), "control": (order[:, r1], order[:, r2])}
-            mask = None
-            if not all_positions:
-                mask = torch.zeros_like(ids, dtype=torch.bool)
-                mask[rows_b, pos] = True
-
-            def hnorm(t: int, h: torch.Tensor) -> torch.Tensor:
-                return h.norm(dim=-1, keepdim=True)
-
-            for arm, (ta, tb) in pairs.items():
-                for s in strengths:
-                    edit = _edit_for(kind, model, lens, ta, tb, float(s), hnorm)
-                    out = intervene(model, ids, loops, band, edit, positions=mask)[rows_b, pos]
-                    top = out.argmax(-1)
-                    rows[arm][s]["to_rival"] += (top == b).double().tolist()
-                    rows[arm][s]["changed"] += (top != a).double().tolist()
-                    margin = out[rows_b, b] - out[rows_b, a]
-                    rows[arm][s]["margin"] += margin.double().tolist()
+            _dose_batch(model, lens, batch, loops, band, kind, strengths, control_ranks, rows,
+                        pad_id=pad_id, all_positions=all_positions)  # fmt: skip
     finally:
         model.train(was)
     result: dict[str, Any] = {

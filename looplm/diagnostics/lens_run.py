@@ -26,6 +26,7 @@ import torch
 
 from looplm.diagnostics import lens as L
 from looplm.diagnostics import lens_interventions as I
+from looplm.diagnostics import lens_readout as R
 from looplm.diagnostics import lens_structure as S
 from looplm.errors import LoopLMError
 
@@ -110,7 +111,7 @@ def _fit_depth(
     timings[f"fit_T{T}"] = time.perf_counter() - t0
     jl.save(out / f"lens_T{T}")
     t0 = time.perf_counter()
-    tuned = L.fit_tuned_lens(
+    tuned = R.fit_tuned_lens(
         model,
         fit_batches,
         T,
@@ -123,10 +124,10 @@ def _fit_depth(
     timings[f"tuned_T{T}"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     arms = {"jacobian": jl, "logit": L.logit_lens(model, T), "tuned": tuned}
-    fid = L.fidelity(model, arms, eval_batches, T, pad_id=pad_id)
+    fid = R.fidelity(model, arms, eval_batches, T, pad_id=pad_id)
     summary = fid.summary(n_boot=opts.n_boot, seed=opts.seed)
     timings[f"fidelity_T{T}"] = time.perf_counter() - t0
-    summary["band"] = {m: L.lens_band(summary, metric=m) for m in L.FIDELITY_METRICS}
+    summary["band"] = {m: R.lens_band(summary, metric=m) for m in R.FIDELITY_METRICS}
     summary["estimator"] = jl.estimator
     summary["tuned_final_kl"] = tuned.final_kl
     return jl, summary
@@ -169,6 +170,7 @@ def lens_slice(
     return out
 
 
+# long: the analysis reads top to bottom, one block per part of lens.json
 def analyse_lens(
     model: torch.nn.Module,
     fit_batches: Sequence[L.Batch],
@@ -195,11 +197,8 @@ def analyse_lens(
     t_all = time.perf_counter()
     T = opts.loops
     d = model.config.d_model
-    _say(
-        f"fitting at T={T} ({opts.mode}) on {sum(L.batch_ids(b).shape[0] for b in fit_batches)}"
-        " prompts",
-        say,
-    )
+    n_fit = sum(L.batch_ids(b).shape[0] for b in fit_batches)
+    _say(f"fitting at T={T} ({opts.mode}) on {n_fit} prompts", say)
     if lens is not None:
         lens.check_model(model, T)
     lens, fid_T = _fit_depth(
@@ -218,70 +217,16 @@ def analyse_lens(
     lenses = {T: lens}
     for Tx in opts.extrapolate:
         _say(f"fitting at extrapolated T={Tx} ({opts.extrapolate_mode})", say)
-        lx, fx = _fit_depth(
-            None,
-            model,
-            fit_batches,
-            eval_batches,
-            Tx,
-            opts.extrapolate_mode,
-            opts,
-            pad_id,
-            out,
-            timings,
-        )
+        lx, fx = _fit_depth(None, model, fit_batches, eval_batches, Tx, opts.extrapolate_mode,
+                            opts, pad_id, out, timings)  # fmt: skip
         lenses[Tx] = lx
         result["fidelity"][str(Tx)] = fx
 
     _say("workspace structure", say)
-    t0 = time.perf_counter()
-    rnd = S.random_overlap(d, opts.k, seed=opts.seed)
-    result["structure"] = {
-        "ranks": S.workspace_ranks(model, lens),
-        "k": opts.k,
-        "overlap": S.overlap_matrix(lens, k=opts.k).tolist(),
-        "random_overlap": rnd,
-        "persistence": {
-            str(Tx): S.persistence(lens, lenses[Tx], opts.k) for Tx in opts.extrapolate
-        },
-    }
-    if len(lenses) > 1:
-        result["structure"]["stationarity"] = S.stationarity(list(lenses.values()))
-    timings["structure"] = time.perf_counter() - t0
-    if opts.composition:
-        t0 = time.perf_counter()
-        steps = S.fit_step_jacobians(
-            model, fit_batches, T, pad_id=pad_id, skip_positions=opts.skip_positions
-        )
-        result["structure"]["composition_gap"] = S.composition_gap(lens, steps)
-        timings["composition"] = time.perf_counter() - t0
-
+    result["structure"] = _structure(model, lenses, fit_batches, opts, pad_id, timings)
     _say("interventions", say)
-    t0 = time.perf_counter()
-    band = opts.band
-    kl_band = fid_T["band"]["kl"]["steps"]
-    if band is None:
-        band = (
-            (min(kl_band), max(kl_band)) if kl_band else I.band_from_fractions(*REFERENCE_BAND, T)
-        )
-    band_source = "option" if opts.band else ("J-beats-logit (KL)" if kl_band else "reference")
-    result["interventions"] = {"band": list(band), "band_source": band_source}
-    arms = (("jacobian", lens), ("logit", L.logit_lens(model, T)))
-    for kind in opts.interventions:
-        result["interventions"][kind] = {
-            arm: I.dose_response(
-                model,
-                lz,
-                eval_batches,
-                T,
-                band,
-                kind=kind,
-                strengths=opts.strengths,
-                pad_id=pad_id,
-            )
-            for arm, lz in arms
-        }
-    timings["interventions"] = time.perf_counter() - t0
+    result["interventions"] = _interventions(model, lens, eval_batches, fid_T, opts, pad_id,
+                                             timings)  # fmt: skip
     first = L.batch_ids(eval_batches[0])
     row = min(opts.slice_prompt, first.shape[0] - 1)
     ids = first[row : row + 1]
@@ -299,6 +244,59 @@ def analyse_lens(
         result["figures"] = [str(p) for p in render_lens_figures(result, out)]
     _say(f"wrote {out / 'lens.json'} ({timings['total']:.0f} s)", say)
     return result
+
+
+def _structure(model, lenses: dict, fit_batches, opts: LensOptions, pad_id, timings) -> dict:
+    """Ranks, subspace overlaps, persistence, stationarity and the composition gap at T."""
+    t0 = time.perf_counter()
+    T = opts.loops
+    lens = lenses[T]
+    out: dict[str, Any] = {
+        "ranks": S.workspace_ranks(model, lens),
+        "k": opts.k,
+        "overlap": S.overlap_matrix(lens, k=opts.k).tolist(),
+        "random_overlap": S.random_overlap(lens.d_model, opts.k, seed=opts.seed),
+        "persistence": {
+            str(Tx): S.persistence(lens, lenses[Tx], opts.k) for Tx in opts.extrapolate
+        },
+    }
+    if len(lenses) > 1:
+        out["stationarity"] = S.stationarity(list(lenses.values()))
+    timings["structure"] = time.perf_counter() - t0
+    if opts.composition:
+        t0 = time.perf_counter()
+        steps = S.fit_step_jacobians(
+            model, fit_batches, T, pad_id=pad_id, skip_positions=opts.skip_positions
+        )
+        out["composition_gap"] = S.composition_gap(lens, steps)
+        timings["composition"] = time.perf_counter() - t0
+    return out
+
+
+def _interventions(model, lens, eval_batches, fid_T: dict, opts: LensOptions, pad_id,
+                   timings) -> dict:  # fmt: skip
+    """The dose-responses of ``opts.interventions`` along J-lens and logit-lens directions over
+    the band: ``opts.band``, else the J-beats-logit (KL) steps, else the reference band."""
+    t0 = time.perf_counter()
+    T = opts.loops
+    band = opts.band
+    kl_band = fid_T["band"]["kl"]["steps"]
+    if band is None:
+        band = (
+            (min(kl_band), max(kl_band)) if kl_band else I.band_from_fractions(*REFERENCE_BAND, T)
+        )
+    band_source = "option" if opts.band else ("J-beats-logit (KL)" if kl_band else "reference")
+    out: dict[str, Any] = {"band": list(band), "band_source": band_source}
+    arms = (("jacobian", lens), ("logit", L.logit_lens(model, T)))
+    for kind in opts.interventions:
+        out[kind] = {
+            arm: I.dose_response(
+                model, lz, eval_batches, T, band, kind=kind, strengths=opts.strengths, pad_id=pad_id
+            )  # fmt: skip
+            for arm, lz in arms
+        }
+    timings["interventions"] = time.perf_counter() - t0
+    return out
 
 
 def _clean(obj):

@@ -81,6 +81,16 @@ class LoopStep:
             self._hidden = self.recurrence.to_hidden(self.state, self.context)
         return self._hidden
 
+    def state_for(self, h: torch.Tensor) -> torch.Tensor:
+        """The recurrent state of this step with its hidden state replaced by ``h``:
+        ``s_t + from_hidden(h) − from_hidden(h_t)``, which keeps whatever the state holds beyond
+        h_t (hyper-connection lanes) and is ``s_t`` bit for bit when ``h`` is h_t. An analysis
+        that edits h_t continues with ``unroll(…, state=step.state_for(h′), start=t)``."""
+        if self.recurrence is None:
+            return h
+        rec, ctx = self.recurrence, self.context
+        return self.state + (rec.from_hidden(h, ctx) - rec.from_hidden(self.hidden, ctx))
+
 
 def check_loops(loops: int) -> int:
     if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
