@@ -55,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=8, help="subspace dimension (default 8)")
     p.add_argument(
         "--band",
-        help="intervention band FIRST,LAST of loop steps (default: where the J-lens beats the "
-        "logit lens, else 38–92%% of T)",
+        help="intervention band FIRST,LAST of loop steps (default: 38–92%% of T, the original "
+        "study's workspace band)",
     )
     p.add_argument("--tuned-steps", type=int, default=100, help="tuned-lens Adam steps")
     p.add_argument(

@@ -45,7 +45,7 @@ class LensOptions:
     skip_positions: int = 0
     tuned_steps: int = 150
     k: int = 8  # subspace dimension
-    band: tuple[int, int] | None = None  # intervention band; None: the J-beats-logit band
+    band: tuple[int, int] | None = None  # intervention band; None: 38–92 % of T
     strengths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
     composition: bool = True  # fit the one-step Jacobians (costs about one exact fit)
     interventions: tuple[str, ...] = ("swap",)  # dose-responses to run: swap, steer, project
@@ -225,8 +225,7 @@ def analyse_lens(
     _say("workspace structure", say)
     result["structure"] = _structure(model, lenses, fit_batches, opts, pad_id, timings)
     _say("interventions", say)
-    result["interventions"] = _interventions(model, lens, eval_batches, fid_T, opts, pad_id,
-                                             timings)  # fmt: skip
+    result["interventions"] = _interventions(model, lens, eval_batches, opts, pad_id, timings)
     first = L.batch_ids(eval_batches[0])
     row = min(opts.slice_prompt, first.shape[0] - 1)
     ids = first[row : row + 1]
@@ -273,19 +272,14 @@ def _structure(model, lenses: dict, fit_batches, opts: LensOptions, pad_id, timi
     return out
 
 
-def _interventions(model, lens, eval_batches, fid_T: dict, opts: LensOptions, pad_id,
-                   timings) -> dict:  # fmt: skip
+def _interventions(model, lens, eval_batches, opts: LensOptions, pad_id, timings) -> dict:
     """The dose-responses of ``opts.interventions`` along J-lens and logit-lens directions over
-    the band: ``opts.band``, else the J-beats-logit (KL) steps, else the reference band."""
+    ``opts.band``, else the original study's workspace band (38–92 % of the depth), fixed before
+    looking at the data (the J-beats-logit band is reported, not used)."""
     t0 = time.perf_counter()
     T = opts.loops
-    band = opts.band
-    kl_band = fid_T["band"]["kl"]["steps"]
-    if band is None:
-        band = (
-            (min(kl_band), max(kl_band)) if kl_band else I.band_from_fractions(*REFERENCE_BAND, T)
-        )
-    band_source = "option" if opts.band else ("J-beats-logit (KL)" if kl_band else "reference")
+    band = opts.band if opts.band is not None else I.band_from_fractions(*REFERENCE_BAND, T)
+    band_source = "option" if opts.band is not None else "reference 38-92% of T"
     out: dict[str, Any] = {"band": list(band), "band_source": band_source}
     arms = (("jacobian", lens), ("logit", L.logit_lens(model, T)))
     for kind in opts.interventions:
