@@ -510,3 +510,19 @@ def test_token_ranks_per_step():
     assert int(ranks[1, 1]) == int((order == top[1]).nonzero())
     with pytest.raises(LoopLMError, match="positions must lie in 0 … 5"):
         L.token_ranks(model, {"logit": logit}, ids, 3, torch.tensor([6, 0, 0]), top)
+
+
+def test_lens_cli_on_an_unshared_model_fits_one_lens_per_layer(tmp_path, capsys):
+    import json
+
+    from looplm.cli import main
+
+    ck = _checkpoint(tmp_path / "unshared", "unshared", n_layers=2)
+    out = tmp_path / "lens"
+    argv = ["lens", ck, "--out", str(out), "--prompts", "2", "--eval-prompts", "2"]
+    assert main(argv + ["--tuned-steps", "1", "--k", "2"]) == 0
+    res = json.loads((out / "lens.json").read_text())
+    assert res["family"] == "unshared" and res["loops"] == 2 and list(res["fidelity"]) == ["2"]
+    assert (out / "lens_angles.png").is_file() and "stationarity" not in res["structure"]
+    assert main(argv + ["--loops", "3"]) == 2
+    assert "unshared model has 2 layers" in capsys.readouterr().err
