@@ -129,7 +129,7 @@ def _collect_states(
         _, tgt = position_masks(ids, pad_id)
         hidden, logits = loop_states(model, ids, loops)
         hs.append(torch.stack([h[tgt] for h in hidden]))  # (T+1, n, d)
-        logps.append(torch.log_softmax(logits[tgt].float(), dim=-1))
+        logps.append(torch.log_softmax(logits[tgt], dim=-1))
         n_prompts += ids.shape[0]
     H, P = torch.cat(hs, dim=1), torch.cat(logps)
     if H.shape[1] > max_positions:
@@ -166,17 +166,19 @@ def fit_tuned_lens(
     try:
         with frozen_weights(model):
             H, P, n_prompts = _collect_states(model, batches, loops, pad_id, max_positions, seed)
-            H = H.float()
+            w = model.tok_emb.weight
+            H, P = H.to(w.dtype), P.to(w.dtype)  # (T+1, N, d), (N, V)
             d = H.shape[-1]
-            A = torch.eye(d).repeat(loops + 1, 1, 1).requires_grad_(True)  # (T+1, d, d)
-            b = torch.zeros(loops + 1, 1, d, requires_grad=True)
+            A = torch.eye(d, dtype=w.dtype, device=w.device).repeat(loops + 1, 1, 1)
+            A.requires_grad_(True)  # (T+1, d, d)
+            b = torch.zeros(loops + 1, 1, d, dtype=w.dtype, device=w.device, requires_grad=True)
             opt = torch.optim.Adam([A, b], lr=lr)
-            mdl = _float_readout(model)
             bar = progress_bar(steps, f"tuned lens T={loops}", progress)
             kl = torch.zeros(loops + 1)
             for it in range(steps + 1):
                 with torch.enable_grad():
-                    q = torch.log_softmax(mdl(torch.baddbmm(b, H, A.transpose(1, 2))), dim=-1)
+                    z = torch.baddbmm(b, H, A.transpose(1, 2))  # A_t h + b_t
+                    q = torch.log_softmax(model.readout(z), dim=-1)
                     kl = (P.exp() * (P - q)).sum(-1).mean(-1)  # (T+1,)
                     if it == steps:
                         break
@@ -197,19 +199,6 @@ def fit_tuned_lens(
         train_steps=steps,
         final_kl=[float(x) for x in kl.detach()],
     )
-
-
-def _float_readout(model: torch.nn.Module):
-    """The model's unembed (final norm + tied head) on float32 inputs, whatever its dtype."""
-    W = model.tok_emb.weight.detach().float()
-    gamma = model.norm_f.weight.detach().float()
-    eps = model.norm_f.eps
-
-    def readout(h: torch.Tensor) -> torch.Tensor:
-        x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * gamma
-        return x @ W.T
-
-    return readout
 
 
 # --------------------------------------------------------------------------- fidelity
