@@ -9,7 +9,11 @@
   checks of Lemma 1, Theorem 2 and Corollary 3;
 * :mod:`~looplm.diagnostics.convergence` — successive-output KL, per-token convergence depth by
   token type (the per-token convergence study);
-* :mod:`~looplm.diagnostics.lens` — the Jacobian lens of a looped model (fit, logit lens, readout);
+* :mod:`~looplm.diagnostics.lens` — the Jacobian lens of a looped model per loop step (exact and
+  Hutchinson fits, merge, files, logit lens); ``lens_readout`` (tuned lens, fidelity, token
+  ranks), ``lens_structure`` (ranks, subspace overlaps, stationarity, composition, persistence),
+  ``lens_interventions`` (steer, coordinate swap, project-out, dose-response), ``lens_run`` (the
+  whole analysis of ``looplm lens``) and ``lens_plots``;
 * :mod:`~looplm.diagnostics.runner` — all of them over measured batches;
   :mod:`~looplm.diagnostics.plots` — the figures.
 """
