@@ -353,6 +353,14 @@ def test_coordinate_swap_and_project_out_geometry():
     half = I.coordinate_swap(h, ua, ub, 0.5)
     assert torch.allclose(half, (3.5 * ua + 3.5 * ub + r).reshape(1, 1, 4))
     assert torch.equal(I.coordinate_swap(h, ua, ua), h)  # a self-swap is exact
+    ref = (1 * ua + 3 * ub - r).reshape(1, 1, 4)  # the clean state: coordinates (1, 3)
+    to_ref = I.coordinate_swap(h, ua, ub, reference=ref)
+    assert torch.allclose(to_ref, (3 * ua + 1 * ub + r).reshape(1, 1, 4))
+    # swapping twice with the reference stays swapped; without it, it swaps back
+    twice = I.coordinate_swap(to_ref, ua, ub, reference=ref)
+    assert torch.allclose(twice, to_ref)
+    assert torch.allclose(I.coordinate_swap(I.coordinate_swap(h, ua, ub), ua, ub), h)
+    assert torch.equal(I.coordinate_swap(h, ua, ua, reference=h), h)
     p = I.project_out(h, torch.stack([ua, ub]))
     assert torch.allclose(p, r.reshape(1, 1, 4))
     assert torch.equal(I.steer(h, ua, 0.0), h)
@@ -365,8 +373,13 @@ def test_self_swap_and_zero_steer_are_exact_no_ops(method, kw):
     lens = L.fit_jacobian_lens(model, [ids], loops=3)
     base = model(ids, loops=3)
     tok = torch.tensor([1, 2, 3, 4])
-    for kind, strength, a, b in [("swap", 1.0, tok, tok), ("steer", 0.0, tok, tok + 1)]:
-        edit = I.token_edit(kind, model, lens, a, b, strength)
+    clean, _ = L.loop_states(model, ids, 3)
+    for kind, strength, a, b, ref in [
+        ("swap", 1.0, tok, tok, None),
+        ("swap", 1.0, tok, tok, clean),
+        ("steer", 0.0, tok, tok + 1, None),
+    ]:
+        edit = I.token_edit(kind, model, lens, a, b, strength, ref)
         out = I.intervene(model, ids, 3, (0, 3), edit)
         assert torch.equal(out, base), kind
     real = I.token_edit("swap", model, lens, tok, tok + 1, 1.0)

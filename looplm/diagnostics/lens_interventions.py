@@ -8,7 +8,10 @@ own unroll continues from the edited state (``model.unroll(…, state=…, start
 * steer:           ``h ← h + α · u_v``
 * coordinate swap: write ``h = c_a u_a + c_b u_b + r`` with r in the complement handled by the
   pseudo-inverse of [u_a u_b]; the swap exchanges the two coordinates and keeps r,
-  ``h ← h + β (c_b − c_a)(u_a − u_b)`` (β = 1 the full swap, β a dose)
+  ``h ← h + β (c_b − c_a)(u_a − u_b)`` (β = 1 the full swap, β a dose). Over a band the
+  dose-response writes the clean run's coordinates exchanged, ``h ← h + β [(r_b − c_a) u_a +
+  (r_a − c_b) u_b]`` with r those of the unedited h_t, so the swap at step t + 1 does not swap
+  back the swap of step t
 * project-out:     ``h ← h − β Q Qᵀ h``, Q an orthonormal basis of the span of the directions
 
 A state edit enters the recurrence through ``LoopStep.state_for``:
@@ -24,7 +27,7 @@ from typing import Any
 
 import torch
 
-from looplm.diagnostics.lens import Batch, batch_ids, check_lens_loops
+from looplm.diagnostics.lens import Batch, batch_ids, check_lens_loops, loop_states
 from looplm.errors import LoopLMError
 from looplm.targets import IGNORE_INDEX
 
@@ -72,17 +75,27 @@ def steer(h: torch.Tensor, direction: torch.Tensor, strength: float) -> torch.Te
 
 
 def coordinate_swap(
-    h: torch.Tensor, u_a: torch.Tensor, u_b: torch.Tensor, strength: float = 1.0
+    h: torch.Tensor,
+    u_a: torch.Tensor,
+    u_b: torch.Tensor,
+    strength: float = 1.0,
+    reference: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exchange h's coordinates along u_a and u_b, keeping the rest: h (B, L, d), u (d,) or (B, d).
 
-    ``c = pinv([u_a u_b]) h``; ``h + β (c_b − c_a)(u_a − u_b)``. u_a = u_b changes nothing.
+    ``c = pinv([u_a u_b]) h``; ``h + β (c_b − c_a)(u_a − u_b)``; u_a = u_b changes nothing. With
+    ``reference`` (the unedited state of the same step, coordinates r) the two coordinates become
+    the reference's, exchanged: ``h + β [(r_b − c_a) u_a + (r_a − c_b) u_b]``, so a swap repeated
+    at every step of a band does not swap back what the previous step swapped.
     """
     ua, ub = _per_prompt(u_a, h), _per_prompt(u_b, h)  # (B|1, 1, d)
     U = torch.stack([ua[:, 0], ub[:, 0]], dim=-1)  # (B|1, d, 2)
     P = torch.linalg.pinv(U)  # (B|1, 2, d)
     c = torch.einsum("bkd,bld->blk", P, h)  # (B, L, 2)
-    return h + strength * (c[..., 1:2] - c[..., 0:1]) * (ua - ub)
+    if reference is None:
+        return h + strength * (c[..., 1:2] - c[..., 0:1]) * (ua - ub)
+    r = torch.einsum("bkd,bld->blk", P, reference.to(h.dtype))
+    return h + strength * ((r[..., 1:2] - c[..., 0:1]) * ua + (r[..., 0:1] - c[..., 1:2]) * ub)
 
 
 def project_out(h: torch.Tensor, directions: torch.Tensor, strength: float = 1.0) -> torch.Tensor:
@@ -158,9 +171,11 @@ def token_edit(
     tok_a: torch.Tensor,
     tok_b: torch.Tensor,
     strength: float,
+    reference: Sequence[torch.Tensor] | None = None,
 ) -> Edit:
     """The edit of one dose along the lens's token directions of each step, per prompt (tokens
-    (B,)): ``swap`` a ↔ b, ``steer`` toward b by α·‖h_t‖ (α = ``strength``), ``project`` a out."""
+    (B,)): ``swap`` a ↔ b (to the coordinates of ``reference[t]``, the unedited states h_0 … h_T,
+    when given), ``steer`` toward b by α·‖h_t‖ (α = ``strength``), ``project`` a out."""
     if kind not in KINDS:
         raise LoopLMError(f"kind={kind!r}; allowed: {', '.join(KINDS)}")
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -176,7 +191,8 @@ def token_edit(
     def edit(t: int, h: torch.Tensor) -> torch.Tensor:
         ua, ub = directions(t)
         if kind == "swap":
-            return coordinate_swap(h, ua, ub, strength)
+            ref = None if reference is None else reference[t]
+            return coordinate_swap(h, ua, ub, strength, ref)
         if kind == "steer":
             unit = ub / ub.norm(dim=-1, keepdim=True).clamp_min(1e-30)
             return steer(h, unit[:, None, :] * h.norm(dim=-1, keepdim=True), strength)
@@ -192,7 +208,8 @@ def _dose_batch(
     ids = batch_ids(batch)
     pos = read_positions(batch, pad_id)
     idx = torch.arange(ids.shape[0])
-    order = model(ids, loops=loops)[idx, pos].argsort(dim=-1, descending=True)  # (B, V)
+    clean, logits = loop_states(model, ids, loops)  # the unedited h_0 … h_T: swap references
+    order = logits[idx, pos].argsort(dim=-1, descending=True)  # (B, V)
     a, b = order[:, 0], order[:, 1]
     r1, r2 = control_ranks
     pairs = {"target": (a, b), "control": (order[:, r1], order[:, r2])}
@@ -202,7 +219,7 @@ def _dose_batch(
         mask[idx, pos] = True
     for arm, (ta, tb) in pairs.items():
         for s in strengths:
-            edit = token_edit(kind, model, lens, ta, tb, float(s))
+            edit = token_edit(kind, model, lens, ta, tb, float(s), clean)
             out = intervene(model, ids, loops, band, edit, positions=mask)[idx, pos]
             top = out.argmax(-1)
             rows[arm][s]["to_rival"] += (top == b).double().tolist()
