@@ -7,9 +7,10 @@ For a checkpoint unrolled to depth T, the lens of loop step t = 0 … T is
 
 h_t is the loop state in hidden coordinates (the :class:`~looplm.model.lm.LoopStep` ``.hidden``:
 for SCSE ``h* + Δ_t`` with the anchor ``h*`` held fixed, for ``looped``/``gated`` the state itself,
-for hyper-connected lanes the lane mean, entered back through ``from_hidden``); h_T is the state
-the readout reads: after any coda, before the final norm. The input (e, h*) is held fixed. For an
-unshared Transformer the same code gives one J per layer output (``loops`` = layers run).
+for hyper-connected lanes the lane mean; a change of h_t enters the state through
+``LoopStep.state_for``); h_T is the state the readout reads: after any coda, before the final
+norm. The input (e, h*) is held fixed. For an unshared Transformer the same code gives one J per
+layer output (``loops`` = layers run).
 
 The expectation runs over prompts, every source position p of every prompt (``skip_positions``
 leaves out the first ones) and all current-and-future target positions p' ≥ p. With causal
