@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "looplm.commands.report",
     "looplm.commands.adaptive",
     "looplm.commands.sweep",
+    "looplm.commands.paper",
     "looplm.commands.diagnose",
     "looplm.commands.lens",
     "looplm.commands.generate",

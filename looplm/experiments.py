@@ -18,6 +18,7 @@ The config's keys are the settings dataclasses of :mod:`looplm.grid` (top level,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -67,7 +68,16 @@ def _method_entry(m: Any, i: int) -> dict[str, Any]:
         raise LoopLMError(f"methods[{i}]: args must be a mapping and overrides a list")
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
         raise LoopLMError(f"methods[{i}].name={name!r}: use letters, digits and _ . + - only")
-    return {"name": name, "recurrence": rec, "args": args, "overrides": [str(o) for o in overrides]}
+    variants = m.get("variants")
+    if variants is not None and not isinstance(variants, list):
+        raise LoopLMError(f"methods[{i}].variants must be a list of variant names")
+    return {
+        "name": name,
+        "recurrence": rec,
+        "args": args,
+        "overrides": [str(o) for o in overrides],
+        "variants": None if variants is None else [str(v) for v in variants],
+    }
 
 
 @dataclass
@@ -129,21 +139,60 @@ def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[
         if not cand.is_file():
             raise LoopLMError(f"experiment config {str(path)!r} not found")
         p = cand
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise LoopLMError(f"experiment config {p}: not valid YAML ({exc})") from None
-    raw = dict(check_settings(ExperimentSettings, raw, "experiment"))
+    raw = _load_with_parents(p)[0]
+    raw.pop("paper", None)
     extra = raw.pop("full", None)
     if full:
         if not extra:
             raise LoopLMError(f"experiment config {p} has no 'full' section for --full")
         # the larger grid: its keys replace (mappings: merge into) the default grid's
+        allowed = _TOP_KEYS - {"full", "extends", "paper"}
         raw = check_settings(
-            ExperimentSettings, merge(raw, check_keys(extra, _TOP_KEYS - {"full"}, "full")),
-            "experiment",
-        )  # fmt: skip
+            ExperimentSettings, merge(raw, check_keys(extra, allowed, "full")), "experiment"
+        )
     return p, raw
+
+
+def _method_index(methods: Any) -> dict[str, Any]:
+    if not isinstance(methods, list):
+        return {}
+    return {m["name"]: m for m in methods if isinstance(m, dict) and "name" in m}
+
+
+def _load_with_parents(
+    p: Path, seen: tuple[Path, ...] = ()
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The YAML mapping of ``p`` merged over the config it ``extends`` (recursively), and the
+    named method entries its ancestors and itself define (default grid, ``full`` grid).
+
+    A method named by a bare string that an ancestor defines (with its args and overrides) is
+    that entry: default methods from the default entries, ``full`` methods from the ``full``
+    entries first."""
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise LoopLMError(f"experiment config {p}: not valid YAML ({exc})") from None
+    raw = dict(check_settings(ExperimentSettings, raw, "experiment"))
+    parent = raw.pop("extends", None)
+    if parent is None:
+        default = _method_index(raw.get("methods"))
+        return raw, default, {**default, **_method_index((raw.get("full") or {}).get("methods"))}
+    if p.resolve() in seen:
+        raise LoopLMError(f"experiment config {p}: 'extends' loops back to itself")
+    q = p.parent / str(parent)
+    if not q.is_file():
+        raise LoopLMError(f"experiment config {p}: extends={parent!r}, but {q} does not exist")
+    base, default, full = _load_with_parents(q, (*seen, p.resolve()))
+    base.pop("paper", None)  # catalogue metadata belongs to its own file
+    for section, known in ((raw, default), (raw.get("full") or {}, full)):
+        if isinstance(section.get("methods"), list):
+            section["methods"] = [
+                copy.deepcopy(known[m]) if isinstance(m, str) and m in known else m
+                for m in section["methods"]
+            ]
+    default = {**default, **_method_index(raw.get("methods"))}
+    full = {**full, **_method_index((raw.get("full") or {}).get("methods"))}
+    return merge(base, raw), default, full
 
 
 def _methods(raw: dict[str, Any], p: Path) -> list[dict[str, Any]]:
@@ -178,6 +227,8 @@ def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | Non
             raise LoopLMError(f"variants[{i}].overrides must be a list of key=value strings")
         for entry in methods:
             method = entry["name"]
+            if entry["variants"] is not None and vname not in entry["variants"]:
+                continue  # this method runs in some training variants only
             for seed in seeds:
                 sub = Path(vname) / method if vname else Path(method)
                 d = merge(base, parse_overrides([str(o) for o in overrides]))
@@ -200,6 +251,8 @@ def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | Non
                 if vname:
                     proto = f"{proto}-{vname}"
                 runs.append(RunPlan(method, seed, vname, cfg, proto, model_hash(cfg)))
+    if raw.get("run_order", "method") == "seed":  # every method at the first seeds first
+        runs.sort(key=lambda r: seeds.index(r.seed))  # stable: variant and method order kept
     return runs
 
 

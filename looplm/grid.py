@@ -42,6 +42,20 @@ class ExperimentSettings:
     report: dict[str, Any] = field(default_factory=dict)
     # a larger grid (`looplm sweep --full`): its keys replace the grid's, mappings merge into them
     full: dict[str, Any] | None = None
+    # training order: method (each method's seeds in turn) or seed (every method at the first
+    # seed, then every method at the next, ...)
+    run_order: str = "method"
+    # start from another grid (a path relative to this file): this file's keys replace (mappings:
+    # merge into) its keys; a method named by a bare string is the parent's entry of that name
+    extends: str | None = None
+    # catalogue metadata of a paper table or figure (looplm.paper); the sweep ignores it
+    paper: dict[str, Any] | None = None
+
+    def validate(self) -> None:
+        from looplm.errors import LoopLMError
+
+        if self.run_order not in ("method", "seed"):
+            raise LoopLMError(f"run_order={self.run_order!r}; allowed: method, seed")
 
 
 @dataclass
@@ -54,6 +68,8 @@ class MethodSettings:
     args: dict[str, Any] = field(default_factory=dict)
     # other key=value run-config overrides for this method only
     overrides: list[str] = field(default_factory=list)
+    # the training variants this method runs in (default: all of them)
+    variants: list[str] | None = None
 
 
 @dataclass

@@ -1,64 +1,201 @@
-"""Mechanistic diagnostics of one checkpoint as a store row (``looplm diagnose --store``).
+"""Mechanistic diagnostics (:mod:`looplm.diagnostics`) as store rows: written by
+``looplm diagnose --store`` for one checkpoint, and by a sweep for every looped run of a grid
+whose ``evaluate:`` has a ``diagnostics`` section, so the paper's anchor-response tables (Table 3's
+R_t and E_Δ,t, Table 20's R_47, Table 22's gains, Figure 5), the anchor-start steering of Figure 4
+and the per-token convergence statistics come out of a sweep::
 
-One row per checkpoint at its diagnosed depth T: ``eval_tag='diagnostics'``, the token-level NLL
-at T, and in ``extra`` the summary with the per-step curves (energy ratio R_t, random-direction
-gain, anchor energy, successive-output KL) and the steering rollouts. The rows are reported with
-the fixed-depth tables. The experiment runner does not run this kind (``looplm diagnose`` does):
-it has no section under ``evaluate:``.
+    diagnostics: {split: test, loops: 48, batches: 2, batch_size: 4, kl_threshold: 0.001,
+                  steer_inputs: 6, check_steps: 0, dtype: float64, seed: 0}
+
+One row per looped run (unshared Transformers have no anchor and are left out) at the diagnosed
+depth T: ``eval_tag`` ``diagnostics`` (a sweep's rows add ``cap=<batches·batch_size>ex``), the
+token-level NLL of the ordinary unroll at T on the measured windows, and in ``extra`` the summary,
+the per-step curves (R_t, random-direction gain, E_Δ,t, bias and update energies, the
+bias-subtraction E_t), the successive-output KL per loop, the convergence statistics (median
+convergence loop, fraction still updating at the largest training depth, depth by token type)
+and the steering summary. A sweep measures the first ``batches`` full ``batch_size`` × context
+windows of ``split`` in ``dtype`` (float64 keeps the ε = 1e-3 finite differences of the gain exact
+enough). The rows are reported with the fixed-depth tables.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from looplm.evaluate.kinds.base import EvaluationKind, register_kind
+from looplm.errors import LoopLMError, check_positive_int
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
 
 EVAL_TAG = "diagnostics"
+DTYPES = ("float64", "float32")
+
+
+@dataclass
+class DiagnosticsSettings:
+    """The ``evaluate.diagnostics`` section: the mechanistic diagnostics of every looped run."""
+
+    split: str = "test"  # split the measured windows come from
+    loops: int = 48  # the unroll depth T (the paper's Table 3 uses 48)
+    batches: int = 2  # measured batches
+    batch_size: int = 4  # windows per batch (full context-length windows)
+    kl_threshold: float = 1e-3  # τ of the per-token convergence depth
+    steer_inputs: int = 6  # inputs of the anchor-start steering rollouts (0: none)
+    check_steps: int = 0  # steps of the numerical Lemma 1 check (0: skip)
+    dtype: str = "float64"  # working precision: float64 | float32
+    seed: int = 0  # seed of the random probe directions
+
+    def validate(self) -> None:
+        for key in ("loops", "batches", "batch_size"):
+            check_positive_int(f"evaluate.diagnostics.{key}", getattr(self, key))
+        for key in ("steer_inputs", "check_steps", "seed"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise LoopLMError(f"evaluate.diagnostics.{key}={v!r} must be an integer >= 0")
+        if self.dtype not in DTYPES:
+            raise LoopLMError(
+                f"evaluate.diagnostics.dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}"
+            )
+        if not self.kl_threshold > 0:
+            raise LoopLMError(f"evaluate.diagnostics.kl_threshold={self.kl_threshold} must be > 0")
+
+
+def diagnostics_extra(results: dict[str, Any]) -> dict[str, Any]:
+    """The store ``extra`` of one diagnosed run (``results`` as :func:`looplm.diagnostics.
+    diagnose_model` returns them, plus ``checkpoint``)."""
+    per_step = results["per_step"]
+    return {
+        **results["summary"],
+        "R_per_step": per_step["ratio"],
+        "gain_per_step": per_step["gain"],
+        "anchor_energy_per_step": per_step["anchor_energy"],
+        "per_step": per_step,
+        "kl_per_loop": results["convergence"]["kl_per_loop"],
+        "convergence": results["convergence"],
+        "steering": results["steering"],
+        "checkpoint": results.get("checkpoint"),
+        "dtype": results["dtype"],
+        "batch_shape": results["batch_shape"],
+        "n_batches": results["n_batches"],
+    }
 
 
 @register_kind
 class Diagnostics(EvaluationKind):
-    """Forcing bias, R_t, gains, steering and convergence of one checkpoint (one row)."""
+    """Forcing bias, R_t, gains, steering and convergence of a looped run (one row)."""
 
     name = "diagnostics"
+    section = "diagnostics"
+    Settings = DiagnosticsSettings
     order = 90
 
-    @classmethod
-    def configure(cls, evaluate: dict[str, Any]) -> None:
-        return None  # written by `looplm diagnose --store`, not by the experiment runner
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.s = {**DiagnosticsSettings().__dict__, **settings}
 
     @classmethod
-    def record(cls, cfg: Any, results: dict[str, Any]) -> Any:
+    def configure(cls, evaluate: dict[str, Any]) -> Diagnostics | None:
+        d = evaluate.get("diagnostics")
+        if not d:
+            return None  # `looplm diagnose --store` writes rows with record() instead
+        return cls(dict(check_settings(DiagnosticsSettings, d, "evaluate.diagnostics")))
+
+    @classmethod
+    def record(cls, cfg: Any, results: dict[str, Any], **identity: Any) -> Any:
         """The store record of one checkpoint's diagnostics (``results`` as ``looplm diagnose``
-        writes them to ``diagnostics.json``)."""
+        writes them to ``diagnostics.json``); ``identity`` overrides identity fields."""
         from looplm.data.corpora import canonical_split
         from looplm.evaluate.records import protocol_name
         from looplm.results.store import EvalRecord
 
         s = results["summary"]
-        extra = {
-            **s,
-            "R_per_step": results["per_step"]["ratio"],
-            "gain_per_step": results["per_step"]["gain"],
-            "anchor_energy_per_step": results["per_step"]["anchor_energy"],
-            "kl_per_loop": results["convergence"]["kl_per_loop"],
-            "steering": results["steering"],
-            "checkpoint": results["checkpoint"],
-            "dtype": results["dtype"],
-            "batch_shape": results["batch_shape"],
-            "n_batches": results["n_batches"],
+        fields = {
+            "model_hash": results["model_hash"],
+            "method": results["method"],
+            "protocol": protocol_name(cfg),
+            "dataset": results["data"]["dataset"],
+            "split": canonical_split(results["data"]["split"]),
+            "depth": results["loops"],
+            "seed": results["seed"],
+            "eval_tag": EVAL_TAG,
+            **identity,
         }
         rec = EvalRecord(
-            model_hash=results["model_hash"],
-            method=results["method"],
-            protocol=protocol_name(cfg),
-            dataset=results["data"]["dataset"],
-            split=canonical_split(results["data"]["split"]),
-            depth=results["loops"],
-            seed=results["seed"],
-            eval_tag=EVAL_TAG,
+            **fields,
             n_tokens=int(s["n_scored_tokens"] or 0),
             sum_nll=float(s["sum_nll_T"] or 0.0),
-            extra=extra,
+            extra={**diagnostics_extra(results), **results.get("extra", {})},
         )
         return cls.stamp([rec])[0]
+
+    def tag(self, job: EvalJob) -> str:
+        from looplm.evaluate.records import eval_tag
+
+        base = ",".join(x for x in (EVAL_TAG, job.evaluate.get("tag", "")) if x)
+        return eval_tag(base, max_examples=self.s["batches"] * self.s["batch_size"])
+
+    def identities(self, job: EvalJob) -> list[dict[str, Any]]:
+        from looplm.data.corpora import canonical_split
+
+        m = job.cfg.model
+        if not m.is_looped or m.coda_layers:  # no anchor to measure / loop states not read out
+            return []
+        return [
+            {
+                "model_hash": job.model_hash,
+                "method": job.cfg.method_label,
+                "protocol": job.protocol,
+                "dataset": job.cfg.data.dataset,
+                "split": canonical_split(self.s["split"]),
+                "depth": int(self.s["loops"]),
+                "seed": int(job.cfg.train.seed),
+                "eval_tag": self.tag(job),
+                "adaptive_mode": "",
+                "calibration": "",
+            }
+        ]
+
+    def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
+        import copy
+
+        import torch
+
+        from looplm.data import get_tokenizer
+        from looplm.diagnostics.inputs import load_batches
+        from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
+
+        if not todo:
+            return []
+        s = self.s
+        dtype = {"float64": torch.float64, "float32": torch.float32}[s["dtype"]]
+        model = copy.deepcopy(job.model()).to(dtype).eval()
+        batches, info, pad_id = load_batches(
+            job.cfg,
+            split=s["split"],
+            data_dir=job.data_dir,
+            batch_size=s["batch_size"],
+            n_batches=s["batches"],
+            seed=job.cfg.train.seed,
+        )
+        try:
+            tokenizer = get_tokenizer(job.cfg.model.tokenizer)
+        except LoopLMError:  # token types are then all "other"
+            tokenizer = None
+        opts = DiagnoseOptions(
+            loops=s["loops"],
+            kl_threshold=s["kl_threshold"],
+            ref_depth=job.cfg.train.depth_max,
+            steer_inputs=min(s["steer_inputs"], s["batch_size"] * s["batches"]),
+            check_steps=s["check_steps"],
+            seed=s["seed"],
+        )
+        results, _arrays = diagnose_model(
+            model, batches, opts, tokenizer=tokenizer, pad_id=pad_id, progress=job.progress
+        )
+        results.update(
+            model_hash=job.model_hash,
+            method=job.cfg.method_label,
+            seed=job.cfg.train.seed,
+            data=info,
+            extra={**job.extra, "data": info},
+        )
+        identity = {k: todo[0][k] for k in ("protocol", "split", "eval_tag", "dataset")}
+        return [self.record(job.cfg, results, **identity)]

@@ -1,0 +1,355 @@
+"""Paper values beside measured ones: each ``reported`` row of an entry looked up in its grid's
+results store (the CPU analogue's, or the full protocol's)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from looplm.paper.entries import TIERS, Entry, _default_data_dir, catalogue
+
+
+def _mean_std(vals: list[float]) -> tuple[float | None, float | None, int]:
+    vals = [v for v in vals if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None, 0
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return mean, std, len(vals)
+
+
+class _Measured:
+    """Store rows of one experiment, indexed for the ``reported`` metrics."""
+
+    def __init__(self, exp: Any, full: bool) -> None:
+        from looplm.evaluate.records import eval_tag
+        from looplm.results.store import ResultsStore
+
+        self.exp, self.full = exp, full
+        self.records = []
+        if exp.store.is_file():
+            with ResultsStore(exp.store) as store:
+                self.records = store.query()
+        ev = exp.evaluate
+        self.fixed_tag = eval_tag(ev.get("tag", ""), max_tokens=ev.get("max_tokens"))
+        self.split = ev.get("split", "test")
+
+    def _plans(self, method: str, scale: str | None) -> list[Any]:
+        variant = TIERS[scale][1 if self.full else 0]
+        return [p for p in self.exp.runs if p.method == method and p.variant == variant]
+
+    def rows(self, method: str, scale: str | None, **match: Any) -> dict[int, Any]:
+        """seed → record of ``method`` at ``scale`` whose fields equal ``match``."""
+        plans = self._plans(method, scale)
+        keys = {(p.model_hash, p.protocol, p.seed) for p in plans}
+        out = {}
+        for r in self.records:
+            if r.method != method or (r.model_hash, r.protocol, r.seed) not in keys:
+                continue
+            if all(getattr(r, k) == v for k, v in match.items()):
+                out[r.seed] = r
+        return out
+
+    def fixed(self, method: str, scale: str | None, depth: int) -> dict[int, float]:
+        from looplm.data.corpora import canonical_split
+
+        plans = self._plans(method, scale)
+        if not plans:
+            return {}
+        rows = self.rows(
+            method,
+            scale,
+            depth=depth,
+            adaptive_mode="",
+            eval_tag=self.fixed_tag,
+            dataset=plans[0].cfg.data.dataset,
+            split=canonical_split(self.split),
+        )
+        return {s: r.ppl for s, r in rows.items()}
+
+    def diagnostics(self, method: str, scale: str | None) -> dict[int, dict[str, Any]]:
+        rows = {
+            s: r
+            for s, r in self.rows(method, scale, adaptive_mode="").items()
+            if r.eval_tag.startswith("diagnostics")
+        }
+        return {s: r.extra for s, r in rows.items()}
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> list[float]:
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
+def _fixed_metric(row: dict[str, Any], m: _Measured, method: str) -> list[float]:
+    """ppl, paired delta_ppl, the T = 4 → 8 gain and the T = 8 → 48 rise (per seed)."""
+    metric, scale = row["metric"], row.get("scale")
+    if metric == "ppl":
+        return list(m.fixed(method, scale, int(row["depth"])).values())
+    if metric == "delta_ppl":
+        a = m.fixed(method, scale, int(row["depth"]))
+        return _paired(a, m.fixed(row["reference"], scale, int(row["depth"])))
+    four, eight = m.fixed(method, scale, 4), m.fixed(method, scale, 8)
+    if metric == "ppl_gain_4_to_8":
+        return _paired(four, eight)
+    return _paired(m.fixed(method, scale, 48), eight)  # ppl_rise_8_to_48
+
+
+def _adaptive_metric(row: dict[str, Any], m: _Measured, method: str) -> list[float]:
+    """adaptive_ppl at a budget, the largest |achieved − target| depth, and the fewest KL-halting
+    loops that match uniform depth-8 quality (per seed)."""
+    metric, scale = row["metric"], row.get("scale")
+    if metric == "kl_halting_loops_at_depth8_quality":
+        out = []
+        for s, r8 in m.fixed(method, scale, 8).items():
+            rows = m.rows(method, scale, seed=s).values()
+            kl = [r for r in rows if r.adaptive_mode.startswith("kl:") and r.ppl <= r8]
+            if kl:
+                out.append(min(r.extra.get("mean_depth", math.inf) for r in kl))
+        return out
+    vals, errs = [], []
+    for b in [row["budget"]] if "budget" in row else [8, 16, 24]:
+        rows = m.rows(method, scale, adaptive_mode=f"maxtoken:budget={b}")
+        vals += [r.ppl for r in rows.values()]
+        errs += [abs(r.extra.get("mean_depth", math.nan) - b) for r in rows.values()]
+    if metric == "adaptive_ppl":
+        return vals
+    return [max(errs)] if errs else []
+
+
+def _corpus_metric(row: dict[str, Any], m: _Measured, method: str) -> list[float]:
+    """Transfer PPL (thousands) and paired deltas, validation loss, LAMBADA PPL / accuracy."""
+    metric, scale, depth = row["metric"], row.get("scale"), int(row["depth"])
+    if metric.startswith("lambada"):
+        rows = m.rows(method, scale, dataset="lambada", depth=depth, adaptive_mode="").values()
+        if metric == "lambada_ppl_k":
+            return [r.ppl / 1e3 for r in rows]
+        return [100.0 * r.extra["n_correct"] / r.extra["n_examples"] for r in rows
+                if r.extra.get("n_examples")]  # fmt: skip
+    plans = m._plans(method, scale)
+    ds = row.get("dataset") or (plans[0].cfg.data.dataset if plans else "")
+
+    def rows_of(meth: str) -> dict[int, Any]:
+        rs = m.rows(meth, scale, dataset=ds, split="validation", depth=depth, adaptive_mode="")
+        return {s: r for s, r in rs.items() if not r.eval_tag.startswith("diagnostics")}
+
+    if metric == "val_loss":
+        return [r.mean_nll for r in rows_of(method).values()]
+    if metric == "transfer_ppl_k":
+        return [r.ppl / 1e3 for r in rows_of(method).values()]
+    a = {s: r.ppl / 1e3 for s, r in rows_of(method).items()}
+    return _paired(a, {s: r.ppl / 1e3 for s, r in rows_of(row["reference"]).items()})
+
+
+def _diagnostics_metric(row: dict[str, Any], m: _Measured, method: str) -> list[float]:
+    """R_t, gain_t, KL at a loop, convergence and steering statistics (per seed)."""
+    metric, step = row["metric"], int(row.get("step", 0))
+    out = []
+    for extra in m.diagnostics(method, row.get("scale")).values():
+        conv, steer = extra.get("convergence") or {}, extra.get("steering") or {}
+        per_step = {"R": extra.get("R_per_step"), "gain": extra.get("gain_per_step")}
+        v = None
+        if metric in per_step:
+            seq = per_step[metric] or []
+            v = seq[step] if step < len(seq) else None
+        elif metric == "kl_loop":
+            kl = extra.get("kl_per_loop") or []
+            v = kl[step - 1] if 0 < step <= len(kl) else None
+        elif metric == "median_convergence_loop":
+            v = extra.get("median_convergence_depth")
+        elif metric == "still_updating_at_8":
+            v = conv.get("still_updating_frac_at_ref_depth")
+        elif metric in ("ray_cosine_min", "ray_cosine_max"):
+            v = (steer.get("ray_cosine") or {}).get(metric.rsplit("_", 1)[1])
+        elif metric == "dose_fraction_rms":
+            v = ((steer.get("dose") or {}).get("rms_displacement_over_push") or {}).get("mean")
+        if v is not None:
+            out.append(float(v))
+    return out
+
+
+_FIXED = {"ppl", "delta_ppl", "ppl_gain_4_to_8", "ppl_rise_8_to_48"}
+_ADAPTIVE = {"adaptive_ppl", "adaptive_depth_error_max", "kl_halting_loops_at_depth8_quality"}
+_CORPUS = {"transfer_ppl_k", "transfer_delta_ppl_k", "val_loss", "lambada_ppl_k",
+           "lambada_acc_pct"}  # fmt: skip
+
+
+def measure(row: dict[str, Any], m: _Measured, methods: list[str]) -> dict[str, Any]:
+    """The measured counterpart of one ``reported`` row: ``{"mean", "std", "n", "note"}``."""
+    metric, method = row["metric"], row["method"]
+    if metric == "ms_per_batch" and not m.full:
+        return {"mean": None, "std": None, "n": 0, "note": "GPU latency: not measurable on CPU"}
+    family = method == "any" or method.startswith("additive")
+    if method not in methods and not family:
+        return {"mean": None, "std": None, "n": 0, "note": f"{method} not in this grid"}
+    if family:  # a statement about every method (or the additive-source family): per method
+        parts = []
+        for t in methods:
+            if method.startswith("additive") and t.startswith("scse"):
+                continue
+            res = measure({**row, "method": t}, m, methods)
+            if res["mean"] is not None:
+                parts.append(f"{t} {_fmt(res['mean'])}")
+        return {"mean": None, "std": None, "n": 0, "note": "; ".join(parts) or "not yet run"}
+    if metric in _FIXED:
+        vals = _fixed_metric(row, m, method)
+    elif metric in _ADAPTIVE:
+        vals = _adaptive_metric(row, m, method)
+    elif metric in _CORPUS:
+        vals = _corpus_metric(row, m, method)
+    else:
+        vals = _diagnostics_metric(row, m, method)
+    mean, std, n = _mean_std(vals)
+    return {"mean": mean, "std": std, "n": n, "note": "" if n else "not yet run"}
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "–"
+    a = abs(v)
+    if a != 0 and (a < 1e-3 or a >= 1e5):
+        return f"{v:.2e}"
+    return f"{v:.4g}" if a < 10 else f"{v:.1f}"
+
+
+def _row_label(row: dict[str, Any]) -> str:
+    parts = [row["method"]]
+    if row.get("reference"):
+        parts.append(f"− {row['reference']}")
+    for key, fmt in (("scale", "{}"), ("dataset", "{}"), ("depth", "T={}"), ("budget", "budget {}"),
+                     ("step", "t={}")):  # fmt: skip
+        if row.get(key) is not None:
+            parts.append(fmt.format(row[key]))
+    return " ".join(str(p) for p in parts)
+
+
+def _paper_value(row: dict[str, Any]) -> str:
+    v = row["value"]
+    s = format(v, "g") if isinstance(v, (int, float)) else str(v)
+    if row.get("std") is not None:
+        s += f" ± {row['std']}"
+    elif row.get("ci") is not None:
+        s += f" ± {row['ci']} (95% CI)"
+    return s
+
+
+def entry_report(
+    entry: Entry,
+    *,
+    full: bool = False,
+    data_dir: str | None = None,
+    figures_dir: str | os.PathLike | None = None,
+) -> str:
+    """Markdown: the entry's paper values beside the measured ones (CPU analogue or ``full``);
+    with ``figures_dir``, the diagnostics figures of its rows are drawn there and linked."""
+    lines = [f"### {entry.id}: {entry.title}", ""]
+    lines.append(f"Paper: {entry.meta.get('protocol', '')}. Claim: {entry.meta.get('claim', '')}")
+    if not entry.is_experiment:
+        return "\n".join(lines + ["", "Nothing to measure."])
+    exp = entry.experiment(full=full, data_dir=data_dir)
+    m = _Measured(exp, full)
+    methods = sorted({p.method for p in exp.runs})
+    where = "full protocol" if full else "CPU analogue"
+    lines += ["", f"Measured ({where}): store {exp.store}, {len(m.records)} rows.", ""]
+    if not entry.reported:
+        lines.append("The paper's text gives no numbers for this entry (its table is an image).")
+    else:
+        lines += [f"| row | metric | paper | measured ({where}) | seeds |", "|---|---|---|---|---|"]
+        for row in entry.reported:
+            res = measure(row, m, methods)
+            got = _fmt(res["mean"])
+            if res["mean"] is not None and res["n"] > 1:
+                got += f" ± {_fmt(res['std'])}"
+            if res["note"]:
+                got = res["note"] if res["mean"] is None else f"{got} ({res['note']})"
+            lines.append(
+                f"| {_row_label(row)} | {row['metric']} | {_paper_value(row)} | {got} | "
+                f"{res['n'] or '–'} |"
+            )
+    lines += ["", _fixed_table(exp, m)]
+    if figures_dir is not None:
+        mine = {(p.model_hash, p.protocol, p.seed) for p in exp.runs}
+        recs = [r for r in m.records if (r.model_hash, r.protocol, r.seed) in mine]
+        for path in diagnostics_figures(recs, Path(figures_dir) / entry.id):
+            lines += ["", f"![{entry.id} {path.stem}]({path})"]
+    return "\n".join(lines)
+
+
+def _fixed_table(exp: Any, m: _Measured) -> str:
+    """Measured fixed-depth PPL (mean ± std over seeds) of every method and tier of the grid."""
+    depths = list(exp.evaluate.get("depths", []))
+    cells = sorted({(p.variant, p.method) for p in exp.runs})
+    rows = []
+    for variant, method in cells:
+        tier = next((k for k, v in TIERS.items() if v[1 if m.full else 0] == variant), None)
+        vals = []
+        for d in depths:
+            mean, std, n = _mean_std(list(m.fixed(method, tier, d).values()))
+            vals.append("–" if mean is None else f"{mean:.1f} ± {std:.1f} ({n})")
+        if any(v != "–" for v in vals):
+            rows.append(f"| {variant or '-'} | {method} | " + " | ".join(vals) + " |")
+    if not rows:
+        return "Fixed-depth PPL: not yet run."
+    head = "| variant | method | " + " | ".join(f"T={d}" for d in depths) + " |"
+    sep = "|---|---|" + "---|" * len(depths)
+    return "\n".join(["Fixed-depth test PPL, mean ± std (seeds):", "", head, sep, *rows])
+
+
+def paper_report(
+    entries: list[Entry] | None = None,
+    *,
+    full: bool = False,
+    data_dir: str | None = None,
+    figures_dir: str | os.PathLike | None = None,
+) -> str:
+    """The side-by-side report of every entry (Markdown; diagnostics figures into
+    ``figures_dir/<entry>/`` when given)."""
+    entries = entries if entries is not None else catalogue()
+    where = "full protocol" if full else "CPU analogues"
+    parts = [
+        f"# The SCSE paper: reported vs measured ({where})",
+        "",
+        "Paper values are the ones its text states, at the paper's scale; measured values are "
+        "this grid's, so absolute numbers differ by design and the comparison is of orderings "
+        "and signs.",
+    ]
+    for e in entries:
+        dd = data_dir or _default_data_dir()
+        parts += ["", entry_report(e, full=full, data_dir=dd, figures_dir=figures_dir)]
+    return "\n".join(parts) + "\n"
+
+
+def diagnostics_figures(records: list[Any], out_dir: str | os.PathLike) -> list[Path]:
+    """Figures 5 (R_t bars), the per-step anchor quantities and the per-token convergence curves
+    from diagnostics-kind store rows (one curve per method and seed); returns the PNG paths."""
+    from looplm.diagnostics.plots import plot_anchor_steps, plot_convergence, plot_rt_bars
+
+    rows = sorted(
+        (r for r in records if r.eval_tag.startswith("diagnostics")),
+        key=lambda r: (r.method, r.seed, r.protocol),
+    )
+    if not rows:
+        return []
+    results = [
+        {
+            "label": f"{r.method} s{r.seed}",
+            "method": r.method,
+            "loops": r.depth,
+            "summary": r.extra,
+            "per_step": r.extra["per_step"],
+            "convergence": r.extra["convergence"],
+        }
+        for r in rows
+    ]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fn in (
+        ("r_t.png", plot_rt_bars),
+        ("anchor_steps.png", plot_anchor_steps),
+        ("convergence.png", plot_convergence),
+    ):
+        fn(results, out / name)
+        paths.append(out / name)
+    return paths
