@@ -11,7 +11,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write a Hugging Face transformers folder (AutoModelForCausalLM, trust_remote_code)",
         description="Export a checkpoint as config.json + model.safetensors + model code that "
         "transformers.AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True) loads. "
-        "The code files import looplm: install looplm wherever the folder is loaded.",
+        "The code files import looplm (install looplm wherever the folder is loaded) unless "
+        "--standalone, which writes model code generated from looplm's source that needs only "
+        "torch and transformers. A tokenizer.json is written for AutoTokenizer.",
     )
     p.add_argument("checkpoint", help="checkpoint folder (e.g. runs/x/ckpt)")
     p.add_argument("out", help="output folder")
@@ -19,12 +21,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--loops", type=int, default=None, help="default loop depth T (default: train.depth_max)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="model code that loads without looplm (only torch and transformers)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from looplm.hf import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, loops=args.loops, overwrite=args.overwrite)
+    out = export_checkpoint(
+        args.checkpoint,
+        args.out,
+        loops=args.loops,
+        overwrite=args.overwrite,
+        standalone=args.standalone,
+    )
     print(f"exported {args.checkpoint} -> {out}")
     return 0

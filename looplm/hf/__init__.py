@@ -1,6 +1,6 @@
 """Export a looplm checkpoint as a Hugging Face ``transformers`` model folder.
 
-    looplm export runs/x/ckpt hf_out [--loops T]
+    looplm export runs/x/ckpt hf_out [--loops T] [--standalone]
 
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained("hf_out", trust_remote_code=True)
@@ -9,9 +9,14 @@ The folder holds ``config.json`` (the looplm ``ModelConfig`` under ``looplm_mode
 depth ``loops`` and an ``auto_map`` to the two code files), ``model.safetensors`` (the looplm
 state dict under the prefix ``model.``), ``generation_config.json``, ``configuration_looplm.py``
 and ``modeling_looplm.py`` (copied from this package; they build the model with the installed
-looplm, so looplm must be installed wherever the folder is loaded) and a short ``README.md``.
-Writing the folder needs neither ``transformers`` nor a network; loading it needs
-``transformers`` (``pip install 'looplm[hf]'``).
+looplm, so looplm must be installed wherever the folder is loaded), the tokenizer
+(``tokenizer.json`` + ``tokenizer_config.json``, so ``AutoTokenizer.from_pretrained(folder)`` gives
+the ids looplm's own tokenizer gives) and a short ``README.md``.
+
+``standalone=True`` (``--standalone``) writes a ``modeling_looplm.py`` generated from looplm's own
+model source at export time (:mod:`looplm.hf.standalone`): the folder then loads where only
+``torch`` and ``transformers`` are installed. Writing the folder needs neither ``transformers``
+nor a network; loading it needs ``transformers`` (``pip install 'looplm[hf]'``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 CODE_FILES = ("configuration_looplm.py", "modeling_looplm.py")
 EOT_IDS = {"bytes": 256, "gpt2": 50256}  # end-of-text of each tokenizer (looplm.data.tokenizers)
 
-__all__ = ["export_checkpoint", "hf_config"]
+__all__ = ["export_checkpoint", "hf_config", "write_tokenizer"]
 
 
 def hf_config(model_cfg, loops: int) -> dict:
@@ -64,9 +69,11 @@ def export_checkpoint(
     *,
     loops: int | None = None,
     overwrite: bool = False,
+    standalone: bool = False,
 ) -> Path:
     """Write the export folder ``out`` for ``checkpoint`` (atomically: a temporary folder renamed
-    into place). ``loops`` defaults to the training ceiling ``train.depth_max``."""
+    into place). ``loops`` defaults to the training ceiling ``train.depth_max``; ``standalone``
+    writes model code that needs no looplm where the folder is loaded."""
     from safetensors.torch import save_file
 
     from looplm.checkpoint import load_checkpoint
@@ -92,26 +99,98 @@ def export_checkpoint(
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     for name in CODE_FILES:
         shutil.copyfile(HERE / name, tmp / name)
-    (tmp / "README.md").write_text(_card(cfg, T, checkpoint))
+    if standalone:
+        from looplm.hf.standalone import standalone_source
+
+        (tmp / "modeling_looplm.py").write_text(standalone_source(), encoding="utf-8")
+    write_tokenizer(tmp, cfg.model.tokenizer, cfg.model.context)
+    (tmp / "README.md").write_text(_card(cfg, T, checkpoint, standalone))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
 
 
-def _card(cfg, loops: int, checkpoint) -> str:
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte → printable character table (the byte-level BPE alphabet): the
+    printable Latin-1 bytes map to themselves, the other 68 to U+0100 onwards in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    keep += range(ord("®"), ord("ÿ") + 1)
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _bytes_backend():
+    """A ``tokenizers`` tokenizer with looplm's bytes ids: byte b → b, ``<|endoftext|>`` → 256.
+    Byte-level pre-tokenisation without splitting, a BPE with no merges (one token per byte)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(EOT_TEXT, special=True, normalized=False)])
+    return tok
+
+
+EOT_TEXT = "<|endoftext|>"
+
+
+def write_tokenizer(folder: str | os.PathLike, name: str, context: int) -> None:
+    """``tokenizer.json`` + ``tokenizer_config.json`` for looplm's tokenizer ``name`` (gpt2 |
+    bytes): ``AutoTokenizer.from_pretrained(folder)`` then encodes as looplm does."""
+    folder = Path(folder)
+    if name == "gpt2":
+        from looplm.data import get_tokenizer
+
+        backend = get_tokenizer("gpt2").backend
+    elif name == "bytes":
+        backend = _bytes_backend()
+    else:
+        raise LoopLMError(f"tokenizer {name!r}; allowed: gpt2, bytes")
+    if backend.token_to_id(EOT_TEXT) != EOT_IDS[name]:
+        raise LoopLMError(f"the {name} tokenizer does not map {EOT_TEXT} to {EOT_IDS[name]}")
+    (folder / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOT_TEXT,
+        "eos_token": EOT_TEXT,
+        "unk_token": EOT_TEXT,
+        "model_max_length": int(context),
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _card(cfg, loops: int, checkpoint, standalone: bool = False) -> str:
     m = cfg.model
+    needs = (
+        "Needs only `torch` and `transformers` where it is loaded (the model code in "
+        "`modeling_looplm.py` was generated from looplm's source by `looplm export --standalone`)"
+        if standalone
+        else "Needs the `looplm` package installed where it is loaded (the code files here import it)"
+    )
     return (
         f"# looplm export: {cfg.method_label} ({m.preset}, d={m.d_model}, context {m.context})\n\n"
         f"Exported from `{checkpoint}` with `looplm export`. Default loop depth T = {loops}.\n\n"
-        "Needs the `looplm` package installed where it is loaded (the code files here import "
-        "it) and `trust_remote_code=True`:\n\n"
+        f"{needs} and `trust_remote_code=True`:\n\n"
         "```python\n"
-        "from transformers import AutoModelForCausalLM\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
         'model = AutoModelForCausalLM.from_pretrained("<this folder>", trust_remote_code=True)\n'
-        "logits = model(input_ids, loops=12).logits\n"
-        "out = model.generate(input_ids, max_new_tokens=20, loops=12)\n"
+        'tok = AutoTokenizer.from_pretrained("<this folder>")\n'
+        'ids = tok("The meaning of", return_tensors="pt").input_ids\n'
+        "logits = model(ids, loops=12).logits\n"
+        "out = model.generate(ids, max_new_tokens=20, loops=12)\n"
+        "print(tok.decode(out[0]))\n"
         "```\n\n"
-        f"Tokenizer: looplm's `{m.tokenizer}` tokenizer (`looplm.data.get_tokenizer("
-        f'"{m.tokenizer}")`); no `transformers` tokenizer files are written.\n'
+        f"Tokenizer: looplm's `{m.tokenizer}` tokenizer, written as `tokenizer.json` (the same ids "
+        f'as `looplm.data.get_tokenizer("{m.tokenizer}")`).\n'
     )

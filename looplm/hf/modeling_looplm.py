@@ -1,17 +1,19 @@
-"""``transformers`` wrapper of a looplm model (copied into every ``looplm export`` folder).
+"""``transformers`` wrapper of a looplm model (written into every ``looplm export`` folder).
 
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     logits = model(input_ids, loops=12).logits          # the loop depth is a call-time argument
     out = model.generate(input_ids, max_new_tokens=20, loops=12)
 
-This file holds no model code: the model is built by the installed ``looplm`` package
-(``pip install looplm``, a version that knows the exported config's fields), so there is one
-implementation. ``generate()`` uses looplm's own per-block-application KV cache (exact for looped
-models; passed through ``past_key_values``) for greedy and sampled decoding; ``use_cache=False``
-recomputes the prefix every step (needed for beam search; the only path for unshared models).
-Past the context window generation slides: the last ``max_position_embeddings`` tokens are re-read
-(positions are learned absolute positions). Padding is not supported (the model has no attention
-mask): batch prompts of equal length.
+This file holds no model code. A plain export copies it as it is, and the model is built by the
+installed ``looplm`` package (a version that knows the exported config's fields). ``looplm export
+--standalone`` instead writes this wrapper with looplm's model code pasted above it
+(:mod:`looplm.hf.standalone`), so that folder needs only torch and transformers. Either way there
+is one implementation. ``generate()`` uses looplm's own per-block-application KV cache (exact for
+looped models; passed through ``past_key_values``) for greedy and sampled decoding;
+``use_cache=False`` recomputes the prefix every step (needed for beam search; the only path for
+unshared models). Past the context window generation slides: the last ``max_position_embeddings``
+tokens are re-read. Padding is not supported (the model has no attention mask): batch prompts of
+equal length.
 """
 
 from __future__ import annotations
