@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "looplm.commands.generate",
     "looplm.commands.export",
     "looplm.commands.settings",
+    "looplm.commands.lmeval",
 ]
 
 

@@ -2,6 +2,15 @@
 
     pip install 'looplm[lmeval]'
 
+From lm-eval's own command line (every lm-eval argument passes through; ``looplm`` is registered
+as a model name first):
+
+    looplm lm-eval --model looplm --model_args pretrained=runs/x/ckpt,loops=8 \
+        --tasks lambada_openai --output_path out/
+
+``--tasks lambada_local`` without ``--include_path`` runs the offline LAMBADA task below on
+``$LOOPLM_DATA_DIR/lambada/lambada_test.jsonl`` (:func:`cli`). From Python:
+
     import lm_eval
     import looplm.lmeval  # registers the model name "looplm" with lm-eval
     lm_eval.simple_evaluate(model="looplm", model_args="pretrained=runs/x/ckpt,loops=8",
@@ -174,12 +183,71 @@ def evaluate_lambada_local(
         )
 
 
+def cli(argv: list[str]) -> int:
+    """``looplm lm-eval ARGS``: lm-eval's own command line (``lm-eval ARGS``) with the ``looplm``
+    model registered. When the tasks include ``lambada_local`` and no ``--include_path`` is given,
+    that task is written to a temporary folder (reading ``$LOOPLM_DATA_DIR/lambada``) and the
+    run is offline."""
+    import sys
+    import tempfile
+
+    from looplm.errors import LoopLMError
+
+    try:
+        from lm_eval._cli import HarnessCLI
+    except ImportError:
+        raise LoopLMError(
+            "looplm lm-eval needs lm-evaluation-harness: pip install 'looplm[lmeval]'"
+        ) from None
+    _register()
+    argv = list(argv)
+    tasks = _option(argv, "--tasks")
+    with tempfile.TemporaryDirectory() as tmp:
+        if tasks and LAMBADA_TASK in tasks.split(",") and _option(argv, "--include_path") is None:
+            data = os.environ.get("LOOPLM_DATA_DIR")
+            if not data:
+                raise LoopLMError(
+                    f"--tasks {LAMBADA_TASK} reads $LOOPLM_DATA_DIR/lambada/lambada_test.jsonl: "
+                    "set LOOPLM_DATA_DIR to the data folder (or pass --include_path with the task)"
+                )
+            write_lambada_task(tmp, Path(data) / "lambada")
+            argv += ["--include_path", tmp]
+            os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        saved = sys.argv
+        sys.argv = ["lm-eval", *argv]
+        try:
+            harness = HarnessCLI()
+            harness.execute(harness.parse_args())
+        finally:
+            sys.argv = saved
+    return 0
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+_registered = False
+
+
 def _register() -> None:
+    global _registered
+    if _registered:
+        return
     try:
         from lm_eval.api.model import LM
         from lm_eval.api.registry import register_model
     except ImportError:  # lm-eval is an optional extra
         return
+    _registered = True
 
     @register_model("looplm")
     class LoopLMEval(LM):
@@ -192,8 +260,12 @@ def _register() -> None:
             from looplm.checkpoint import load_checkpoint
             from looplm.data import get_tokenizer
 
-            # lm-eval also passes batch_size / max_batch_size: requests are scored one at a time
-            self.model, cfg, _ = load_checkpoint(pretrained, map_location=device or "cpu")
+            # lm-eval also passes batch_size / max_batch_size: requests are scored one at a time.
+            # Its command line defaults to --device cuda: without CUDA the model runs on the CPU,
+            # as lm-eval's own transformers model does.
+            if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.model, cfg, _ = load_checkpoint(pretrained, map_location=device)
             self.tokenizer = get_tokenizer(cfg.model.tokenizer)
             self.loops = int(loops)
 

@@ -60,3 +60,43 @@ def test_lambada_task_reads_the_local_file(tmp_path) -> None:
     assert cfg["dataset_kwargs"]["data_files"]["test"].endswith("lambada_test.jsonl")
     with pytest.raises(LoopLMError, match="no LAMBADA file"):
         lambada_task(tmp_path)
+
+
+def test_lm_eval_command_line_passes_through(tmp_path, monkeypatch) -> None:
+    """`looplm lm-eval …` is lm-eval's own CLI: its arguments, its output files; the offline
+    LAMBADA task is found from $LOOPLM_DATA_DIR and its log-likelihoods are looplm's NLL."""
+    import json
+
+    from conftest import data_dir
+
+    from looplm.cli import main
+
+    data = require_data("lambada", "lambada_test.jsonl")
+    monkeypatch.setenv("LOOPLM_DATA_DIR", str(data_dir()))
+    cfg = load_config("tiny_wt2", ["model.dropout=0.0"])
+    torch.manual_seed(1)
+    model = model_from_config(cfg.model).eval()
+    ck = save_checkpoint(tmp_path / "ck", model, cfg)
+    n, T = 3, 2
+    argv = ["lm-eval", "--model", "looplm", "--model_args", f"pretrained={ck},loops={T}"]
+    argv += ["--tasks", LAMBADA_TASK, "--limit", str(n), "--log_samples"]
+    argv += ["--output_path", str(tmp_path / "out")]
+    assert main(argv) == 0
+    (samples_file,) = (tmp_path / "out").rglob(f"samples_{LAMBADA_TASK}_*.jsonl")
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    samples.sort(key=lambda s: s["doc_id"])
+    assert len(samples) == n
+    items = lambada_items(lambada_examples(data)[:n], get_tokenizer("bytes"), cfg.model.context)
+    for s, item in zip(samples, items):
+        (row,) = lambada_sweep(model, [item], [T])
+        ll = float(s["resps"][0][0][0])
+        assert math.isclose(-ll, row["sum_nll"], rel_tol=1e-5, abs_tol=1e-4)
+    (results_file,) = (tmp_path / "out").rglob("results_*.json")
+    assert LAMBADA_TASK in json.loads(results_file.read_text())["results"]
+
+
+def test_lm_eval_command_line_needs_the_data_dir(tmp_path, monkeypatch) -> None:
+    from looplm.cli import main
+
+    monkeypatch.delenv("LOOPLM_DATA_DIR", raising=False)
+    assert main(["lm-eval", "--model", "looplm", "--tasks", LAMBADA_TASK]) == 2
