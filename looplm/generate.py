@@ -68,6 +68,7 @@ __all__ = [
     "Generation",
     "Halting",
     "KVCache",
+    "RaggedKVCache",
     "StaticKVCache",
     "adaptive_next_logits",
     "cached_hidden",
@@ -161,6 +162,92 @@ class StaticKVCache(KVCache):
     def index_rows(self, rows: torch.Tensor) -> None:
         """Keep the batch rows ``rows`` (in that order), e.g. to reorder beams."""
         self.buffers = [(k[rows], v[rows]) for k, v in self.buffers]
+
+
+class RaggedKVCache(KVCache):
+    """A KV cache whose rows each hold their own number of positions (continuous batching):
+    ``length`` is a (B,) tensor, a row's new keys/values go after its own cached ones, and
+    attention masks out every position past a row's own (:mod:`looplm.model.block`).
+
+    Rows are filled from a one-sequence :class:`StaticKVCache` (:meth:`load_row`: a prompt
+    prefilled alone), dropped (:meth:`index_rows`), and a pass may run on a subset of them
+    (:meth:`using`): the others' keys, values and lengths stay as they are."""
+
+    def __init__(self, capacity: int, rows: int) -> None:
+        self.capacity = int(capacity)
+        self._length = torch.zeros(rows, dtype=torch.long)
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.rows: torch.Tensor | None = None  # the rows of the current pass (None: all)
+
+    @property
+    def length(self) -> torch.Tensor:
+        """(B,) cached positions of the rows of the current pass."""
+        return self._length if self.rows is None else self._length[self.rows]
+
+    @length.setter
+    def length(self, value: torch.Tensor) -> None:
+        if self.rows is None:
+            self._length = value
+        else:
+            self._length[self.rows] = value
+
+    @property
+    def n_rows(self) -> int:
+        return self._length.shape[0]
+
+    def using(self, rows: torch.Tensor | None) -> RaggedKVCache:
+        """Let the next passes run on ``rows`` only (None: every row); returns the cache."""
+        self.rows = None if rows is None or len(rows) == self.n_rows else rows
+        return self
+
+    def append(
+        self, index: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        B, nh, L, hs = k.shape
+        if index == len(self.buffers):
+            n = self.n_rows
+            self.buffers.append(
+                (k.new_zeros(n, nh, self.capacity, hs), v.new_zeros(n, nh, self.capacity, hs))
+            )
+        elif index > len(self.buffers):
+            raise IndexError(f"KV slot {index} used before slot {len(self.buffers)}")
+        length = self.length.to(k.device)
+        pos = length[:, None] + torch.arange(L, device=k.device)  # (B, L)
+        end = int(pos.max()) + 1 if pos.numel() else 0
+        if end > self.capacity:
+            raise LoopLMError(f"KV cache holds {self.capacity} positions; {end} were asked for")
+        K, V = self.buffers[index]
+        if self.rows is None:
+            idx = pos[:, None, :, None].expand(B, nh, L, hs)
+            K.scatter_(2, idx, k)
+            V.scatter_(2, idx, v)
+            return K[:, :, :end], V[:, :, :end]
+        rows = self.rows.to(k.device)
+        r = rows[:, None].expand(B, L)
+        K[r, :, pos] = k.transpose(1, 2)  # (B, L, nh, hs) into rows × positions
+        V[r, :, pos] = v.transpose(1, 2)
+        return K[rows, :, :end], V[rows, :, :end]
+
+    def load_row(self, row: int, src: StaticKVCache) -> None:
+        """Row ``row`` takes the keys/values of the one-sequence cache ``src``."""
+        n = src.length
+        if n > self.capacity:
+            raise LoopLMError(f"KV cache holds {self.capacity} positions; {n} were asked for")
+        for i, (k, v) in enumerate(src.buffers):
+            if i == len(self.buffers):
+                _, nh, _, hs = k.shape
+                shape = (self.n_rows, nh, self.capacity, hs)
+                self.buffers.append((k.new_zeros(shape), v.new_zeros(shape)))
+            K, V = self.buffers[i]
+            K[row, :, :n] = k[0, :, :n]
+            V[row, :, :n] = v[0, :, :n]
+        self._length[row] = n
+
+    def index_rows(self, rows: torch.Tensor) -> None:
+        """Keep the rows ``rows`` (in that order)."""
+        self.buffers = [(k[rows], v[rows]) for k, v in self.buffers]
+        self._length = self._length[rows.to(self._length.device)]
+        self.rows = None
 
 
 def _require_cacheable(model: nn.Module) -> None:

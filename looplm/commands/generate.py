@@ -1,10 +1,18 @@
 """`looplm generate CHECKPOINT --prompt TEXT`: continue a prompt with a KV-cached looped model,
-at a fixed loop depth or with per-token adaptive depth (``--halt kl|maxtoken --threshold X``)."""
+at a fixed loop depth or with per-token adaptive depth (``--halt kl|maxtoken --threshold X``).
+
+`looplm generate CHECKPOINT --prompts FILE`: many prompts (one per line, or JSONL with per-prompt
+settings) streamed through ``--slots`` batch slots (continuous batching, :mod:`looplm.batching`);
+one JSON line per prompt, in input order, on stdout or in ``--out``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
+
+PROMPT_KEYS = ("prompt", "max_new", "temperature", "top_k", "seed")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,10 +22,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Generate from a checkpoint with its own tokenizer. --loops is the depth T "
         "(the ceiling with --halt); the prompt always runs T loops, each new token stops early when "
         "the halting rule says so. Past the model's context the window slides (the last "
-        "context - slide + 1 tokens are re-read).",
+        "context - slide + 1 tokens are re-read). --prompts FILE streams many prompts through "
+        "--slots batch slots (continuous batching: a slot takes the next prompt when its sequence "
+        "ends; each sequence gets the tokens it would get alone) and prints one JSON line per "
+        "prompt plus a tokens/s summary.",
     )
     p.add_argument("checkpoint", help="checkpoint folder (e.g. runs/x/ckpt)")
-    p.add_argument("--prompt", required=True, help="text to continue")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt", help="text to continue")
+    which.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="many prompts: one per line, or a .jsonl file of objects with prompt and optionally "
+        "max_new, temperature, top_k, seed (defaults: the options below)",
+    )
+    p.add_argument(
+        "--slots", type=int, default=8, help="--prompts: sequences decoded together (batch size)"
+    )
+    p.add_argument(
+        "--schedule",
+        choices=["continuous", "static"],
+        default="continuous",
+        help="--prompts: refill a slot as soon as its sequence ends (continuous) or run fixed "
+        "groups of --slots prompts to the end of their longest (static)",
+    )
+    p.add_argument(
+        "--stop-at-eot", action="store_true", help="end a sequence at the end-of-text token"
+    )
+    p.add_argument("--out", help="--prompts: write the JSON lines here instead of stdout")
     p.add_argument("--max-new", type=int, default=32, help="tokens to generate")
     p.add_argument("--loops", type=int, default=8, help="loop depth T")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
@@ -53,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         raise LoopLMError(f"--halt {args.halt} needs --threshold")
     model, cfg, _ = load_checkpoint(args.checkpoint)
     tok = get_tokenizer(cfg.model.tokenizer)
+    if args.prompts is not None:
+        return run_many(args, model, tok)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise LoopLMError("--prompt is empty")
@@ -80,5 +114,107 @@ def run(args: argparse.Namespace) -> int:
         )
     print(
         f"[{args.max_new} tokens at {depth} in {dt:.2f} s, cache={'off' if args.no_cache else 'on'}]"
+    )
+    return 0
+
+
+def read_prompts(path: str, defaults: dict, tok) -> tuple[list[str], list]:
+    """(prompt texts, :class:`~looplm.batching.Request` list) from a prompt file: one prompt per
+    non-empty line, or for a ``.jsonl`` file one object per line (keys ``PROMPT_KEYS``)."""
+    from looplm.batching import Request
+    from looplm.errors import LoopLMError
+
+    file = Path(path)
+    if not file.is_file():
+        raise LoopLMError(f"--prompts {path}: no such file")
+    texts, requests = [], []
+    jsonl = file.suffix == ".jsonl"
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        settings = dict(defaults)
+        if jsonl:
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LoopLMError(f"{path}:{n}: not JSON ({exc.msg})") from None
+            if not isinstance(item, dict) or "prompt" not in item:
+                raise LoopLMError(f"{path}:{n}: expected an object with a 'prompt'")
+            unknown = sorted(set(item) - set(PROMPT_KEYS))
+            if unknown:
+                raise LoopLMError(
+                    f"{path}:{n}: unknown key {unknown[0]!r}; allowed: {', '.join(PROMPT_KEYS)}"
+                )
+            text = str(item.pop("prompt"))
+            settings.update(item)
+        else:
+            text = line
+        ids = tok.encode(text)
+        if not ids:
+            raise LoopLMError(f"{path}:{n}: the prompt is empty")
+        try:
+            requests.append(Request(tuple(ids), **settings))
+        except TypeError as exc:
+            raise LoopLMError(f"{path}:{n}: {exc}") from None
+        except LoopLMError as exc:
+            raise LoopLMError(f"{path}:{n}: {exc}") from None
+        texts.append(text)
+    if not requests:
+        raise LoopLMError(f"--prompts {path}: no prompts in the file")
+    return texts, requests
+
+
+def run_many(args: argparse.Namespace, model, tok) -> int:
+    """``--prompts FILE``: continuous (or static) batching over the file's prompts."""
+    import sys
+
+    from looplm.batching import generate_many
+    from looplm.device import progress_enabled
+    from looplm.io import atomic_write_text
+
+    defaults = {
+        "max_new": args.max_new,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "seed": args.seed,
+    }
+    texts, requests = read_prompts(args.prompts, defaults, tok)
+    cpu0 = time.process_time()
+    res = generate_many(
+        model,
+        requests,
+        slots=args.slots,
+        loops=args.loops,
+        halt=args.halt,
+        threshold=args.threshold or 0.0,
+        slide=args.slide,
+        eot_id=tok.eot_id if args.stop_at_eot else None,
+        schedule=args.schedule,
+        progress=progress_enabled(),
+    )
+    cpu = time.process_time() - cpu0
+    lines = []
+    for i, (text, c) in enumerate(zip(texts, res.completions)):
+        item = {
+            "index": i,
+            "prompt": text,
+            "completion": tok.decode(c.tokens),
+            "new_tokens": len(c.tokens),
+            "mean_loops": round(sum(c.loops) / len(c.loops), 3),
+        }
+        lines.append(json.dumps(item, ensure_ascii=False))
+    body = "\n".join(lines) + "\n"
+    if args.out:
+        atomic_write_text(args.out, body)
+    else:
+        sys.stdout.write(body)
+    depth = f"T={args.loops}"
+    if args.halt != "none":
+        depth = f"halt={args.halt} threshold={args.threshold:g} ceiling T={args.loops}"
+    print(
+        f"[{len(requests)} prompts, {res.tokens} tokens in {res.seconds:.2f} s "
+        f"(CPU {cpu:.2f} s): {res.tokens_per_second:.1f} tokens/s; {args.schedule} batching, "
+        f"{args.slots} slots, {depth}, mean loops/token {res.mean_loops:.2f}]",
+        file=sys.stderr,
     )
     return 0

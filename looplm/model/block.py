@@ -71,6 +71,18 @@ class KVSlot:
         return self.cache.append(self.index, k, v)
 
 
+def positions(past: int | torch.Tensor, L: int, device: torch.device) -> torch.Tensor:
+    """Positions of L new tokens after ``past`` cached ones: (L,) for a shared int, (B, L) for
+    per-row lengths (B,)."""
+    new = torch.arange(L, device=device)
+    return past[:, None] + new if torch.is_tensor(past) else new + past
+
+
+def _column(past: int | torch.Tensor) -> int | torch.Tensor:
+    """``past`` broadcastable over (B, L) positions."""
+    return past[:, None] if torch.is_tensor(past) else past
+
+
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary position embedding (RoFormer, "rotate half" layout): x (B, nh, L, hs) rotated by the
     angles ``pos · base^(−2i/hs)``; pos (L,) or (B, L) integer positions. The score of a rotated
@@ -118,9 +130,14 @@ class CausalSelfAttention(nn.Module):
         active: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x: (B, L, d), already normalised → (B, L, d), or (N_active, d) with ``active``."""
+        """x: (B, L, d), already normalised → (B, L, d), or (N_active, d) with ``active``.
+
+        The cache's ``length`` is the number of cached positions: an int shared by the rows, or a
+        (B,) tensor when every row has its own (continuous batching; keys past a row's own length
+        are masked out)."""
         B, L, d = x.shape
         past = kv.cache.length if kv is not None else 0
+        ragged = torch.is_tensor(past)
         w = self.qkv.weight  # (3d, d): rows [q; k; v]
         if active is None:
             q, k, v = (self._heads(z) for z in self.qkv(x).split(d, dim=2))  # 3 × (B, nh, L, hs)
@@ -134,15 +151,15 @@ class CausalSelfAttention(nn.Module):
             xq = x.gather(1, q_pos[..., None].expand(B, A, d))  # (B, A, d)
             q = self._heads(F.linear(xq, w[:d]))  # (B, nh, A, hs)
         if self.rope_base > 0:
-            pos = torch.arange(past, past + L, device=x.device)
+            pos = positions(past, L, x.device)  # (L,) or per row (B, L)
             k = rope(k, pos, self.rope_base)
-            q = rope(q, pos if q_pos is None else q_pos + past, self.rope_base)
+            q = rope(q, pos if q_pos is None else q_pos + _column(past), self.rope_base)
         if kv is not None:
             if mask is not None:
                 raise LoopLMError("a KV cache cannot serve a data-given attention mask")
             k, v = kv.append(k, v)  # (B, nh, past + L, hs)
         drop = self.dropout if self.training else 0.0
-        if q_pos is None and past == 0 and mask is None:
+        if q_pos is None and not ragged and past == 0 and mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         else:
             if mask is not None:  # (B, L, L): the data's mask replaces causality
@@ -155,8 +172,8 @@ class CausalSelfAttention(nn.Module):
             else:  # query at position p sees keys 0 … p
                 if q_pos is None:
                     q_pos = torch.arange(L, device=x.device)[None, :]  # (1, L)
-                keys = torch.arange(past + L, device=x.device)
-                allowed = keys[None, None, None, :] <= (q_pos + past)[:, None, :, None]
+                keys = torch.arange(k.shape[2], device=x.device)
+                allowed = keys[None, None, None, :] <= (q_pos + _column(past))[:, None, :, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
         y = y.transpose(1, 2)  # (B, Lq, nh, hs)
         if active is not None:
@@ -170,8 +187,7 @@ class CausalSelfAttention(nn.Module):
         B, L, d = x.shape
         k, v = (self._heads(z) for z in F.linear(x, self.qkv.weight[d:]).split(d, dim=2))
         if self.rope_base > 0:  # as in forward: keys rotated by their positions
-            past = kv.cache.length
-            k = rope(k, torch.arange(past, past + L, device=x.device), self.rope_base)
+            k = rope(k, positions(kv.cache.length, L, x.device), self.rope_base)
         kv.append(k, v)
 
 

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
-from looplm.model.block import Block, BlockCall, Core, KVCache
+from looplm.model.block import Block, BlockCall, Core, KVCache, positions
 from looplm.model.halting import UnrollHalting
 from looplm.model.loss import linear_cross_entropy, linear_nll_and_correct
 from looplm.model.masks import adjacency_mask
@@ -186,17 +186,21 @@ class LanguageModelBase(nn.Module):
             if m is not self and hasattr(m, "init_weights"):
                 m.init_weights()
 
-    def embed(self, input_ids: torch.Tensor, pos_offset: int = 0) -> torch.Tensor:
-        """(B, L) token ids → e = P(x): (B, L, d); positions start at ``pos_offset``."""
+    def embed(self, input_ids: torch.Tensor, pos_offset: int | torch.Tensor = 0) -> torch.Tensor:
+        """(B, L) token ids → e = P(x): (B, L, d); positions start at ``pos_offset`` (an int, or
+        a (B,) tensor: each row's own start)."""
         if input_ids.dim() != 2:
             raise LoopLMError(
                 f"input_ids must have shape (batch, length), got {tuple(input_ids.shape)}"
             )
         L = input_ids.shape[1]
-        if pos_offset + L > self.config.context:
+        per_row = torch.is_tensor(pos_offset)
+        end = (
+            (int(pos_offset.max()) if pos_offset.numel() else 0) + L if per_row else pos_offset + L
+        )
+        if end > self.config.context:
             raise LoopLMError(
-                f"sequence length {pos_offset + L} is longer than the model's context "
-                f"{self.config.context}"
+                f"sequence length {end} is longer than the model's context {self.config.context}"
             )
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise LoopLMError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
@@ -209,7 +213,7 @@ class LanguageModelBase(nn.Module):
                 )
         e = self.tok_emb(input_ids)
         if self.pos_emb is not None:
-            e = e + self.pos_emb(torch.arange(pos_offset, pos_offset + L, device=input_ids.device))
+            e = e + self.pos_emb(positions(pos_offset, L, input_ids.device))  # (L | B×L, d)
         return self.emb_drop(e)
 
     def readout(self, h: torch.Tensor) -> torch.Tensor:
