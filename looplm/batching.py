@@ -141,100 +141,125 @@ def generate_many(
         if min(r.ids) < 0 or max(r.ids) >= vocab:
             raise LoopLMError(f"a prompt has token ids outside the vocabulary [0, {vocab})")
     model.eval()
-    device = model.tok_emb.weight.device
-    queue = deque(enumerate(requests))
-    completions: list[Completion | None] = [None] * len(requests)
-    bar = tqdm(
-        total=sum(r.max_new for r in requests), disable=not progress, unit="tok", leave=False
-    )
+    total = sum(r.max_new for r in requests)
+    bar = tqdm(total=total, disable=not progress, unit="tok", leave=False)
+    run = _Batcher(model, requests, loops, halting, slide, eot_id, bar)
     t0 = time.perf_counter()
-    steps = row_steps = 0
-
-    def prefill(row: _Row, keep: int) -> torch.Tensor:
-        """Prefill ``row``'s last ``keep`` tokens alone at full depth: (1, V) logits."""
-        single = StaticKVCache(context)
-        ids = torch.tensor([row.tokens[-keep:]], dtype=torch.long, device=device)
-        logits = next_logits(model, ids, loops, single)
-        cache.load_row(slot_of[row.index], single)
-        return logits
-
-    rows: list[_Row] = []
-    cache = RaggedKVCache(context, 0)
-    slot_of: dict[int, int] = {}
-    logits = torch.empty(0)
-    stepped: set[int] = set()  # rows whose logits come from the last decoding pass …
-    depth = torch.empty(0, dtype=torch.long)  # … and that pass's loop depth per row
     with torch.no_grad():
-        while queue or rows:
-            if not rows:  # a new batch: the next ``slots`` requests
-                rows = [_Row(*queue.popleft()) for _ in range(min(slots, len(queue)))]
-                cache = RaggedKVCache(context, len(rows))
-                slot_of = {row.index: b for b, row in enumerate(rows)}
-                logits = torch.cat([prefill(row, context) for row in rows])
-                stepped = set()
-            fresh: set[int] = set()  # rows whose logits come from a prefill this step
-            for b, row in enumerate(rows):  # one token for every live sequence
-                if row.done:
-                    continue
-                r = row.request
-                tok = int(_sample(logits[b : b + 1], r.temperature, r.top_k, row.generator))
-                row.tokens.append(tok)
-                row.out.tokens.append(tok)
-                row.out.loops.append(int(depth[b]) if b in stepped else loops)
-                bar.update(1)
-                if len(row.out.tokens) == r.max_new or tok == eot_id:
-                    row.done = True
-                    completions[row.index] = row.out
-                    bar.update(r.max_new - len(row.out.tokens))
+        while run.queue or run.rows:
+            if not run.rows:
+                run.start_batch(slots)
+            run.sample()
             if schedule == "continuous":
-                keep_rows = []
-                for b, row in enumerate(rows):
-                    if row.done and queue:  # refill the slot with the next prompt
-                        new = _Row(*queue.popleft())
-                        slot_of[new.index] = b
-                        rows[b] = new
-                        logits[b] = prefill(new, context)[0]
-                        fresh.add(b)
-                    if not rows[b].done:
-                        keep_rows.append(b)
-                if len(keep_rows) < len(rows):  # ended and nothing to refill: drop the rows
-                    rows = [rows[b] for b in keep_rows]
-                    cache.index_rows(torch.tensor(keep_rows, dtype=torch.long))
-                    slot_of = {row.index: b for b, row in enumerate(rows)}
-                    logits = logits[keep_rows]
-                    fresh = {keep_rows.index(b) for b in fresh}
-            elif all(row.done for row in rows):
-                rows = []
+                run.refill_or_drop()
+            elif all(row.done for row in run.rows):  # static: the group is over
+                run.rows = []
                 continue
-            for b, row in enumerate(rows):  # the window is full: prefill the slot again
-                if not row.done and b not in fresh and int(cache._length[b]) >= context:
-                    logits[b] = prefill(row, context - slide + 1)[0]
-                    fresh.add(b)
-            if not rows:
-                continue
-            step = [b for b in range(len(rows)) if b not in fresh]
-            stepped = set(step)
-            depth = torch.full((len(rows),), loops, dtype=torch.long)
-            if not step:
-                continue
-            idx = torch.tensor(step, dtype=torch.long)
-            last = torch.tensor([[rows[b].tokens[-1]] for b in step], device=device)
-            ended = torch.tensor([rows[b].done for b in step])  # static: ended rows compute too
-            if bool(ended.any()):  # … in place, at a position the window still has
-                cache._length[idx[ended]] = cache._length[idx[ended]].clamp(max=context - 1)
-            before = cache._length[idx].clone()
-            cache.using(idx)
-            if halting.rule == "none":
-                out = next_logits(model, last, loops, cache)
-            else:
-                out, d = adaptive_next_logits(model, last, loops, cache, halting)
-                depth[idx] = d[:, -1].cpu()
-            cache.using(None)
-            if bool(ended.any()):  # their positions do not advance (their tokens are not kept)
-                cache._length[idx[ended]] = before[ended]
-            logits[idx] = out
-            steps += 1
-            row_steps += len(step)
+            run.slide_full_windows()
+            run.decode()
     bar.close()
     seconds = time.perf_counter() - t0
-    return BatchResult([c for c in completions if c is not None], seconds, steps, row_steps)
+    return BatchResult(run.completions, seconds, run.steps, run.row_steps)
+
+
+class _Batcher:
+    """The state of :func:`generate_many` between steps: the rows in the batch, their cache and
+    next-token logits, and the requests still waiting."""
+
+    def __init__(self, model, requests, loops, halting, slide, eot_id, bar) -> None:
+        self.model, self.loops, self.halting = model, loops, halting
+        self.slide, self.eot_id, self.bar = slide, eot_id, bar
+        self.context = model.config.context
+        self.device = model.tok_emb.weight.device
+        self.queue = deque(enumerate(requests))
+        self.completions = [Completion() for _ in requests]
+        self.rows: list[_Row] = []
+        self.cache = RaggedKVCache(self.context, 0)
+        self.logits = torch.empty(0)  # (B, V) next-token logits of every row
+        self.fresh: set[int] = set()  # rows whose logits come from a prefill …
+        self.depth = torch.empty(0, dtype=torch.long)  # … the others': their pass's depth
+        self.steps = self.row_steps = 0
+
+    def prefill(self, b: int, keep: int) -> None:
+        """Row ``b``'s last ``keep`` tokens prefilled alone at full depth into slot ``b``."""
+        single = StaticKVCache(self.context)
+        ids = torch.tensor([self.rows[b].tokens[-keep:]], dtype=torch.long, device=self.device)
+        self.logits[b] = next_logits(self.model, ids, self.loops, single)[0]
+        self.cache.load_row(b, single)
+        self.fresh.add(b)
+
+    def start_batch(self, slots: int) -> None:
+        """A new batch: the next ``slots`` requests, each prefilled."""
+        self.rows = [_Row(*self.queue.popleft()) for _ in range(min(slots, len(self.queue)))]
+        self.cache = RaggedKVCache(self.context, len(self.rows))
+        V = self.model.config.vocab_size
+        self.logits = torch.empty(len(self.rows), V, device=self.device)
+        self.fresh = set()
+        for b in range(len(self.rows)):
+            self.prefill(b, self.context)
+
+    def sample(self) -> None:
+        """One token for every live sequence; a sequence that is complete ends."""
+        for b, row in enumerate(self.rows):
+            if row.done:
+                continue
+            r = row.request
+            logits = self.logits[b : b + 1]
+            tok = int(_sample(logits, r.temperature, r.top_k, row.generator))
+            row.tokens.append(tok)
+            row.out.tokens.append(tok)
+            row.out.loops.append(self.loops if b in self.fresh else int(self.depth[b]))
+            self.bar.update(1)
+            if len(row.out.tokens) == r.max_new or tok == self.eot_id:
+                row.done = True
+                self.completions[row.index] = row.out
+                self.bar.update(r.max_new - len(row.out.tokens))
+        self.fresh = set()
+
+    def refill_or_drop(self) -> None:
+        """Continuous batching: an ended row takes the next request; with none left it leaves."""
+        keep = []
+        for b, row in enumerate(self.rows):
+            if row.done and self.queue:
+                self.rows[b] = _Row(*self.queue.popleft())
+                self.prefill(b, self.context)
+            if not self.rows[b].done:
+                keep.append(b)
+        if len(keep) < len(self.rows):
+            self.rows = [self.rows[b] for b in keep]
+            self.cache.index_rows(torch.tensor(keep, dtype=torch.long))
+            self.logits = self.logits[keep]
+            self.fresh = {keep.index(b) for b in self.fresh}
+
+    def slide_full_windows(self) -> None:
+        """A live row whose window is full is prefilled again from its last tokens."""
+        for b, row in enumerate(self.rows):
+            full = int(self.cache._length[b]) >= self.context
+            if not row.done and b not in self.fresh and full:
+                self.prefill(b, self.context - self.slide + 1)
+
+    def decode(self) -> None:
+        """One cached pass over every row not prefilled this step (ended rows of a static batch
+        included: they are computed, their positions kept and their tokens dropped)."""
+        step = [b for b in range(len(self.rows)) if b not in self.fresh]
+        if not step:
+            return
+        cache, idx = self.cache, torch.tensor(step, dtype=torch.long)  # rows of this pass
+        last = torch.tensor([[self.rows[b].tokens[-1]] for b in step], device=self.device)
+        ended = torch.tensor([self.rows[b].done for b in step])
+        if bool(ended.any()):  # at a position the window still has
+            cache._length[idx[ended]] = cache._length[idx[ended]].clamp(max=self.context - 1)
+        before = cache._length[idx].clone()
+        cache.using(idx)
+        self.depth = torch.full((len(self.rows),), self.loops, dtype=torch.long)
+        if self.halting.rule == "none":
+            out = next_logits(self.model, last, self.loops, cache)
+        else:
+            out, d = adaptive_next_logits(self.model, last, self.loops, cache, self.halting)
+            self.depth[idx] = d[:, -1].cpu()
+        cache.using(None)
+        if bool(ended.any()):
+            cache._length[idx[ended]] = before[ended]
+        self.logits[idx.to(self.device)] = out.to(self.logits.dtype)
+        self.steps += 1
+        self.row_steps += len(step)

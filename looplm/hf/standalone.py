@@ -288,9 +288,34 @@ def standalone_source(version: str | None = None) -> str:
     if version is None:
         from looplm import __version__ as version
     b = _Bundler()
-    root = b.module(ROOT_MODULE)
-    pending: list[tuple[str, str]] = [(ROOT_MODULE, n) for n in root.defs]
-    included: dict[tuple[str, str], tuple[set, list]] = {}
+    included, external = _closure(b)
+    statements, owner = _statements(b, included, external)
+    module_order = _module_order(b)
+    emitted = _order(b, statements, owner, included, module_order)
+    modules = [m for m in module_order if any(statements[k]["module"] == m for k in emitted)]
+    out = [_header(version, modules), "from __future__ import annotations\n\n"]
+    imports = sorted({ast.unparse(s) for s in external.values()}, key=lambda s: (s[0] == "f", s))
+    out.append("\n".join(imports) + "\n")
+    current = None
+    for k in emitted:
+        e = statements[k]
+        if e["module"] != current:
+            current = e["module"]
+            out.append(f"\n\n# {'-' * 20} {_relpath(b.modules[current].path)}\n")
+        out.append("\n\n" + _segment(b.modules[current], e["node"], e["dropped"]))
+    text = "".join(out)
+    compile(text, "modeling_looplm.py", "exec")
+    return text
+
+
+Key = tuple[str, str]  # (module, top-level name)
+
+
+def _closure(b: _Bundler) -> tuple[dict[Key, tuple[set, list]], dict[str, ast.stmt]]:
+    """Every definition the root reaches: (module, name) → (its looplm references, its dropped
+    function-level imports); and the external imports they use (alias → statement)."""
+    pending: list[Key] = [(ROOT_MODULE, n) for n in b.module(ROOT_MODULE).defs]
+    included: dict[Key, tuple[set, list]] = {}
     external: dict[str, ast.stmt] = {}
     while pending:
         key = pending.pop()
@@ -311,14 +336,16 @@ def standalone_source(version: str | None = None) -> str:
         pending.extend(defs)
         # every name a statement binds comes along with it (e.g. ``a = b = …``)
         pending.extend((module, n) for n, s in mod.defs.items() if s is node)
-        for scanned in mod.scanned:
-            pending.extend((scanned, n) for n in b.module(scanned).defs)
-        for imported in mod.imported_modules:  # a package scan in a module on the import path
-            sub = b.module(imported)
-            for scanned in sub.scanned:
+        # a package scan (the recurrence registry's) imports modules nothing names
+        for scanning in [mod, *(b.module(m) for m in mod.imported_modules)]:
+            for scanned in scanning.scanned:
                 pending.extend((scanned, n) for n in b.module(scanned).defs)
+    return included, external
 
-    # one statement may bind several names: emit statements, not names
+
+def _statements(b: _Bundler, included: dict, external: dict) -> tuple[dict, dict]:
+    """The statements to copy (one statement may bind several names) and which statement owns
+    each global name; stops on two definitions of one name or a hidden builtin."""
     statements: dict[tuple[str, int], dict] = {}
     for (module, name), (_, dropped) in included.items():
         node = b.modules[module].defs[name]
@@ -327,7 +354,7 @@ def standalone_source(version: str | None = None) -> str:
         )
         entry["names"].add(name)
         entry["dropped"] = dropped
-    owner = {}  # global name → statement key
+    owner: dict[str, tuple[str, int]] = {}  # global name → statement key
     for key, entry in statements.items():
         for name in entry["names"]:
             if name in owner and owner[name] != key:
@@ -342,39 +369,41 @@ def standalone_source(version: str | None = None) -> str:
     for entry in statements.values():  # a global must not hide a builtin another module uses
         mod = b.modules[entry["module"]]
         for n in ast.walk(entry["node"]):
-            if (
-                isinstance(n, ast.Name)
-                and hasattr(builtins, n.id)
-                and n.id in owner
-                and statements[owner[n.id]]["module"] != entry["module"]
-                and n.id not in mod.defs
-            ):
+            if not (isinstance(n, ast.Name) and hasattr(builtins, n.id) and n.id in owner):
+                continue
+            where = statements[owner[n.id]]["module"]
+            if where != entry["module"] and n.id not in mod.defs:
                 raise LoopLMError(
-                    f"standalone export: {n.id!r} defined in {statements[owner[n.id]]['module']} "
-                    f"would hide the builtin {entry['module']} uses"
+                    f"standalone export: {n.id!r} defined in {where} would hide the builtin "
+                    f"{entry['module']} uses"
                 )
+    return statements, owner
 
-    # order: each module after the modules it imports at its top level (as Python runs them),
-    # source order inside; a statement moves up only for what it needs while being defined
-    module_order: list[str] = []
 
-    def visit_module(m: str) -> None:
-        if m in module_order or m not in b.modules:
+def _module_order(b: _Bundler) -> list[str]:
+    """Modules in the order Python runs them: each after those it imports at its top level."""
+    order: list[str] = []
+
+    def visit(m: str) -> None:
+        if m in order or m not in b.modules:
             return
-        module_order.append(m)  # placeholder against cycles; moved to the end below
-        for imported in b.modules[m].imported_modules:
-            visit_module(imported)
-        for scanned in b.modules[m].scanned:
-            visit_module(scanned)
-        module_order.remove(m)
-        module_order.append(m)
+        order.append(m)  # placeholder against cycles; moved to the end below
+        for dep in [*b.modules[m].imported_modules, *b.modules[m].scanned]:
+            visit(dep)
+        order.remove(m)
+        order.append(m)
 
     for m in [ROOT_MODULE, *b.order]:
-        visit_module(m)
-    module_rank = {m: i for i, m in enumerate(module_order)}
+        visit(m)
+    return order
+
+
+def _order(b: _Bundler, statements: dict, owner: dict, included: dict, modules: list) -> list:
+    """Statement keys in module order, source order inside; a statement moves up only for what
+    it needs while being defined (and, for what it calls then, everything that call reaches)."""
+    rank = {m: i for i, m in enumerate(modules)}
     keys = sorted(
-        statements,
-        key=lambda k: (module_rank[statements[k]["module"]], statements[k]["node"].lineno),
+        statements, key=lambda k: (rank[statements[k]["module"]], statements[k]["node"].lineno)
     )
     refs = {
         k: {owner[d[1]] for d in included[(e["module"], next(iter(e["names"])))][0]} - {k}
@@ -382,7 +411,6 @@ def standalone_source(version: str | None = None) -> str:
     }
 
     def closure(k: tuple) -> set:
-        """Every statement ``k`` reaches through its references (what running it may touch)."""
         seen, todo = set(), [k]
         while todo:
             for d in refs[todo.pop()]:
@@ -391,14 +419,14 @@ def standalone_source(version: str | None = None) -> str:
                     todo.append(d)
         return seen
 
-    full = {}
+    needs = {}
     for k in keys:
         e = statements[k]
         direct = {
             owner[n[1]]: called
             for n, called in b.definition_time_names(e["module"], e["node"]).items()
         }
-        full[k] = set(direct).union(*(closure(d) for d, c in direct.items() if c)) - {k}
+        needs[k] = set(direct).union(*(closure(d) for d, c in direct.items() if c)) - {k}
     emitted: list[tuple] = []
     done: set = set()
     visiting: set = set()
@@ -412,7 +440,7 @@ def standalone_source(version: str | None = None) -> str:
                 f"{statements[k]['module']}.{sorted(statements[k]['names'])[0]}"
             )
         visiting.add(k)
-        for d in sorted(full[k], key=keys.index):
+        for d in sorted(needs[k], key=keys.index):
             emit(d)
         visiting.discard(k)
         done.add(k)
@@ -420,21 +448,7 @@ def standalone_source(version: str | None = None) -> str:
 
     for k in keys:
         emit(k)
-
-    modules = [m for m in module_order if any(statements[k]["module"] == m for k in emitted)]
-    out = [_header(version, modules), "from __future__ import annotations\n\n"]
-    imports = sorted({ast.unparse(s) for s in external.values()}, key=lambda s: (s[0] == "f", s))
-    out.append("\n".join(imports) + "\n")
-    current = None
-    for k in emitted:
-        e = statements[k]
-        if e["module"] != current:
-            current = e["module"]
-            out.append(f"\n\n# {'-' * 20} {_relpath(b.modules[current].path)}\n")
-        out.append("\n\n" + _segment(b.modules[current], e["node"], e["dropped"]))
-    text = "".join(out)
-    compile(text, "modeling_looplm.py", "exec")
-    return text
+    return emitted
 
 
 def _relpath(path: Path) -> str:

@@ -75,7 +75,7 @@ def positions(past: int | torch.Tensor, L: int, device: torch.device) -> torch.T
     """Positions of L new tokens after ``past`` cached ones: (L,) for a shared int, (B, L) for
     per-row lengths (B,)."""
     new = torch.arange(L, device=device)
-    return past[:, None] + new if torch.is_tensor(past) else new + past
+    return past.to(device)[:, None] + new if torch.is_tensor(past) else new + past
 
 
 def _column(past: int | torch.Tensor) -> int | torch.Tensor:
@@ -138,6 +138,8 @@ class CausalSelfAttention(nn.Module):
         B, L, d = x.shape
         past = kv.cache.length if kv is not None else 0
         ragged = torch.is_tensor(past)
+        if ragged:
+            past = past.to(x.device)
         w = self.qkv.weight  # (3d, d): rows [q; k; v]
         if active is None:
             q, k, v = (self._heads(z) for z in self.qkv(x).split(d, dim=2))  # 3 × (B, nh, L, hs)
