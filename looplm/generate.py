@@ -121,10 +121,13 @@ class StaticKVCache(KVCache):
     token (``torch.cat``; on the CPU that copy was ~40% of a decoding step of the tiny model).
     Attention reads the first ``length + new`` positions of a buffer as a view."""
 
+    row_subsets = True
+
     def __init__(self, capacity: int) -> None:
         self.capacity = int(capacity)
         self.length = 0
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.batch = 0  # rows of every buffer (from the first, written by all rows)
 
     @property
     def slots(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -133,22 +136,29 @@ class StaticKVCache(KVCache):
         return [(k[:, :, :n], v[:, :, :n]) for k, v in self.buffers]
 
     def append(
-        self, index: int, k: torch.Tensor, v: torch.Tensor
+        self, index: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         start, end = self.length, self.length + k.shape[2]
         if end > self.capacity:
             raise LoopLMError(f"KV cache holds {self.capacity} positions; {end} were asked for")
         if index == len(self.buffers):
-            B, nh, _, hs = k.shape
+            _, nh, _, hs = k.shape
+            if not self.buffers:
+                self.batch = k.shape[0] if rows is None else int(rows.max()) + 1
+            B = self.batch
             self.buffers.append(
                 (k.new_empty(B, nh, self.capacity, hs), v.new_empty(B, nh, self.capacity, hs))
             )
         elif index > len(self.buffers):
             raise IndexError(f"KV slot {index} used before slot {len(self.buffers)}")
         K, V = self.buffers[index]
-        K[:, :, start:end] = k
-        V[:, :, start:end] = v
-        return K[:, :, :end], V[:, :, :end]
+        if rows is None:
+            K[:, :, start:end] = k
+            V[:, :, start:end] = v
+            return K[:, :, :end], V[:, :, :end]
+        K[rows, :, start:end] = k
+        V[rows, :, start:end] = v
+        return K[rows, :, :end], V[rows, :, :end]  # (rows, nh, end, hs): copies
 
     def copy_new(self, src: int, dst: int, n: int) -> None:
         """Slot ``dst`` gets slot ``src``'s keys/values of the ``n`` positions being added."""
@@ -162,6 +172,7 @@ class StaticKVCache(KVCache):
     def index_rows(self, rows: torch.Tensor) -> None:
         """Keep the batch rows ``rows`` (in that order), e.g. to reorder beams."""
         self.buffers = [(k[rows], v[rows]) for k, v in self.buffers]
+        self.batch = len(rows)
 
 
 class RaggedKVCache(KVCache):
@@ -172,6 +183,8 @@ class RaggedKVCache(KVCache):
     Rows are filled from a one-sequence :class:`StaticKVCache` (:meth:`load_row`: a prompt
     prefilled alone), dropped (:meth:`index_rows`), and a pass may run on a subset of them
     (:meth:`using`): the others' keys, values and lengths stay as they are."""
+
+    row_subsets = True
 
     def __init__(self, capacity: int, rows: int) -> None:
         self.capacity = int(capacity)
@@ -201,7 +214,7 @@ class RaggedKVCache(KVCache):
         return self
 
     def append(
-        self, index: int, k: torch.Tensor, v: torch.Tensor
+        self, index: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         B, nh, L, hs = k.shape
         if index == len(self.buffers):
@@ -211,18 +224,22 @@ class RaggedKVCache(KVCache):
             )
         elif index > len(self.buffers):
             raise IndexError(f"KV slot {index} used before slot {len(self.buffers)}")
-        length = self.length.to(k.device)
-        pos = length[:, None] + torch.arange(L, device=k.device)  # (B, L)
+        if rows is not None:  # rows of the pass's rows
+            rows = rows if self.rows is None else self.rows.to(rows.device)[rows]
+        else:
+            rows = self.rows
+        length = self._length if rows is None else self._length[rows.to(self._length.device)]
+        pos = length.to(k.device)[:, None] + torch.arange(L, device=k.device)  # (B, L)
         end = int(pos.max()) + 1 if pos.numel() else 0
         if end > self.capacity:
             raise LoopLMError(f"KV cache holds {self.capacity} positions; {end} were asked for")
         K, V = self.buffers[index]
-        if self.rows is None:
+        if rows is None:
             idx = pos[:, None, :, None].expand(B, nh, L, hs)
             K.scatter_(2, idx, k)
             V.scatter_(2, idx, v)
             return K[:, :, :end], V[:, :, :end]
-        rows = self.rows.to(k.device)
+        rows = rows.to(k.device)
         r = rows[:, None].expand(B, L)
         K[r, :, pos] = k.transpose(1, 2)  # (B, L, nh, hs) into rows × positions
         V[r, :, pos] = v.transpose(1, 2)

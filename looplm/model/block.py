@@ -18,7 +18,9 @@ This is the only implementation of the block's math. Besides the plain call it s
 * **active-token-only evaluation** (``active``: (B, L) bool): keys and values are computed for every
   row (causal attention of an active token reads all earlier tokens, halted ones included), while
   queries, attention rows, the output projection and the SwiGLU run on active rows only; inactive
-  rows return 0.
+  rows return 0. With a cache that serves row subsets (``KVCache.row_subsets``), batch rows
+  without an active token leave the call: they only write their keys/values, and the other rows
+  run as a smaller batch (row compaction: a decoding step's work follows its active tokens).
 
 A looped model applies the block many times per forward pass with the same per-pass arguments;
 :class:`BlockCall` binds them once, so a recurrence calls ``block(x)`` whatever the mode.
@@ -42,12 +44,18 @@ class KVCache:
 
     slots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     length: int = 0
+    # Whether ``append`` takes ``rows`` (a subset of the batch rows): then a block call whose rows
+    # have partly halted runs its active rows as a dense smaller batch (see ``Block.forward``).
+    row_subsets = False
 
     def append(
-        self, index: int, k: torch.Tensor, v: torch.Tensor
+        self, index: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' (k, v) of slot ``index`` after the cached ones; returns all
-        of them. (A subclass may store them differently, e.g. in preallocated buffers.)"""
+        of them. (A subclass may store them differently, e.g. in preallocated buffers, and may
+        take ``rows``: k, v are those batch rows' and the rows' cached ones come back.)"""
+        if rows is not None:
+            raise LoopLMError(f"{type(self).__name__} stores whole batches only (rows=None)")
         slots = self.slots
         if index < len(slots):
             pk, pv = slots[index]
@@ -61,14 +69,27 @@ class KVCache:
 
 
 class KVSlot:
-    """The cache entry of one block application (slot ``index`` of ``cache``)."""
+    """The cache entry of one block application (slot ``index`` of ``cache``), for all batch
+    rows or for the subset ``rows``."""
 
-    def __init__(self, cache: KVCache, index: int) -> None:
-        self.cache, self.index = cache, index
+    def __init__(self, cache: KVCache, index: int, rows: torch.Tensor | None = None) -> None:
+        self.cache, self.index, self.rows = cache, index, rows
+
+    @property
+    def length(self) -> int | torch.Tensor:
+        """Cached positions: an int, or a (B,) tensor when rows have lengths of their own."""
+        n = self.cache.length
+        return n[self.rows.to(n.device)] if torch.is_tensor(n) and self.rows is not None else n
+
+    def subset(self, rows: torch.Tensor) -> KVSlot:
+        """The same slot for the batch rows ``rows`` (indices into this slot's rows)."""
+        return KVSlot(self.cache, self.index, rows if self.rows is None else self.rows[rows])
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' (k, v) after the cached ones; returns all of them."""
-        return self.cache.append(self.index, k, v)
+        if self.rows is None:
+            return self.cache.append(self.index, k, v)
+        return self.cache.append(self.index, k, v, rows=self.rows)
 
 
 def positions(past: int | torch.Tensor, L: int, device: torch.device) -> torch.Tensor:
@@ -136,7 +157,7 @@ class CausalSelfAttention(nn.Module):
         (B,) tensor when every row has its own (continuous batching; keys past a row's own length
         are masked out)."""
         B, L, d = x.shape
-        past = kv.cache.length if kv is not None else 0
+        past = kv.length if kv is not None else 0
         ragged = torch.is_tensor(past)
         if ragged:
             past = past.to(x.device)
@@ -189,7 +210,7 @@ class CausalSelfAttention(nn.Module):
         B, L, d = x.shape
         k, v = (self._heads(z) for z in F.linear(x, self.qkv.weight[d:]).split(d, dim=2))
         if self.rope_base > 0:  # as in forward: keys rotated by their positions
-            k = rope(k, positions(kv.cache.length, L, x.device), self.rope_base)
+            k = rope(k, positions(kv.length, L, x.device), self.rope_base)
         kv.append(k, v)
 
 
@@ -250,6 +271,16 @@ class Block(nn.Module):
             if kv is not None:  # keys/values only: later positions still attend to these rows
                 self.attn.append_kv(self.norm1(x), kv)
             return out
+        if kv is not None and getattr(kv.cache, "row_subsets", False):
+            busy = active.any(dim=1)  # (B,) rows with an active token
+            if not bool(busy.all()):  # compact: halted rows cost their keys/values only
+                idle, busy = (~busy).nonzero().squeeze(1), busy.nonzero().squeeze(1)
+                self.attn.append_kv(self.norm1(x[idle]), kv.subset(idle))
+                sub = active[busy]  # (B_busy, L)
+                out[busy] = self.forward(
+                    x[busy], kv=kv.subset(busy), active=None if bool(sub.all()) else sub
+                )
+                return out
         a = self.attn(self.norm1(x), kv=kv, active=active, mask=mask)  # (N_active, d)
         out[active] = a + self.mlp(self.norm2(x[active] + a))
         return out
