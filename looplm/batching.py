@@ -80,6 +80,7 @@ class BatchResult:
     seconds: float
     steps: int  # batched decoding passes
     row_steps: int  # rows those passes computed (ended rows of a static batch included)
+    prompt_loops: list[int] = field(default_factory=list)  # per prompt token (prefill halting)
 
     @property
     def tokens(self) -> int:
@@ -118,9 +119,11 @@ def generate_many(
     eot_id: int | None = None,
     schedule: str = "continuous",
     progress: bool = False,
+    prefill_halt: bool = False,
 ) -> BatchResult:
     """Generate every request's continuation with at most ``slots`` sequences per batch (see the
-    module docstring). ``eot_id``: a sequence also ends after this token."""
+    module docstring). ``eot_id``: a sequence also ends after this token; ``prefill_halt``: prompt
+    tokens halt by the same rule as generated ones (:func:`looplm.generate.decode`)."""
     from tqdm import tqdm
 
     from looplm.model.lm import check_loops
@@ -143,7 +146,7 @@ def generate_many(
     model.eval()
     total = sum(r.max_new for r in requests)
     bar = tqdm(total=total, disable=not progress, unit="tok", leave=False)
-    run = _Batcher(model, requests, loops, halting, slide, eot_id, bar)
+    run = _Batcher(model, requests, loops, halting, slide, eot_id, bar, prefill_halt)
     t0 = time.perf_counter()
     with torch.no_grad():
         while run.queue or run.rows:
@@ -159,15 +162,16 @@ def generate_many(
             run.decode()
     bar.close()
     seconds = time.perf_counter() - t0
-    return BatchResult(run.completions, seconds, run.steps, run.row_steps)
+    return BatchResult(run.completions, seconds, run.steps, run.row_steps, run.prompt_loops)
 
 
 class _Batcher:
     """The state of :func:`generate_many` between steps: the rows in the batch, their cache and
     next-token logits, and the requests still waiting."""
 
-    def __init__(self, model, requests, loops, halting, slide, eot_id, bar) -> None:
+    def __init__(self, model, requests, loops, halting, slide, eot_id, bar, prefill_halt) -> None:
         self.model, self.loops, self.halting = model, loops, halting
+        self.prefill_halt = prefill_halt and halting.enabled
         self.slide, self.eot_id, self.bar = slide, eot_id, bar
         self.context = model.config.context
         self.device = model.tok_emb.weight.device
@@ -176,17 +180,26 @@ class _Batcher:
         self.rows: list[_Row] = []
         self.cache = RaggedKVCache(self.context, 0)
         self.logits = torch.empty(0)  # (B, V) next-token logits of every row
-        self.fresh: set[int] = set()  # rows whose logits come from a prefill …
-        self.depth = torch.empty(0, dtype=torch.long)  # … the others': their pass's depth
+        self.fresh: dict[int, int] = {}  # rows whose logits come from a prefill: its depth
+        self.depth = torch.empty(0, dtype=torch.long)  # the others': their pass's depth
+        self.prompt_loops: list[int] = []  # depth of every prompt token (prefill halting)
         self.steps = self.row_steps = 0
 
     def prefill(self, b: int, keep: int) -> None:
         """Row ``b``'s last ``keep`` tokens prefilled alone at full depth into slot ``b``."""
         single = StaticKVCache(self.context)
-        ids = torch.tensor([self.rows[b].tokens[-keep:]], dtype=torch.long, device=self.device)
-        self.logits[b] = next_logits(self.model, ids, self.loops, single)[0]
+        row = self.rows[b]
+        ids = torch.tensor([row.tokens[-keep:]], dtype=torch.long, device=self.device)
+        if self.prefill_halt:
+            logits, d = adaptive_next_logits(self.model, ids, self.loops, single, self.halting)
+            if not row.out.tokens:  # the prompt itself (not a window slid past the context)
+                self.prompt_loops.extend(d[0].tolist())
+            self.fresh[b] = int(d[0, -1])
+        else:
+            logits = next_logits(self.model, ids, self.loops, single)
+            self.fresh[b] = self.loops
+        self.logits[b] = logits[0]
         self.cache.load_row(b, single)
-        self.fresh.add(b)
 
     def start_batch(self, slots: int) -> None:
         """A new batch: the next ``slots`` requests, each prefilled."""
@@ -194,7 +207,7 @@ class _Batcher:
         self.cache = RaggedKVCache(self.context, len(self.rows))
         V = self.model.config.vocab_size
         self.logits = torch.empty(len(self.rows), V, device=self.device)
-        self.fresh = set()
+        self.fresh = {}
         for b in range(len(self.rows)):
             self.prefill(b, self.context)
 
@@ -208,13 +221,13 @@ class _Batcher:
             tok = int(_sample(logits, r.temperature, r.top_k, row.generator))
             row.tokens.append(tok)
             row.out.tokens.append(tok)
-            row.out.loops.append(self.loops if b in self.fresh else int(self.depth[b]))
+            row.out.loops.append(self.fresh[b] if b in self.fresh else int(self.depth[b]))
             self.bar.update(1)
             if len(row.out.tokens) == r.max_new or tok == self.eot_id:
                 row.done = True
                 self.completions[row.index] = row.out
                 self.bar.update(r.max_new - len(row.out.tokens))
-        self.fresh = set()
+        self.fresh = {}
 
     def refill_or_drop(self) -> None:
         """Continuous batching: an ended row takes the next request; with none left it leaves."""
@@ -229,7 +242,7 @@ class _Batcher:
             self.rows = [self.rows[b] for b in keep]
             self.cache.index_rows(torch.tensor(keep, dtype=torch.long))
             self.logits = self.logits[keep]
-            self.fresh = {keep.index(b) for b in self.fresh}
+            self.fresh = {keep.index(b): d for b, d in self.fresh.items()}
 
     def slide_full_windows(self) -> None:
         """A live row whose window is full is prefilled again from its last tokens."""

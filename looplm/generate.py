@@ -10,8 +10,10 @@ continue from the prompt. :func:`decode` keeps the slots in preallocated buffers
 (:class:`StaticKVCache`: a new position is written in place rather than concatenated).
 
 **Adaptive depth** (``halt="kl"`` or ``"maxtoken"``, :func:`adaptive_next_logits`). The prompt
-(prefill) runs the full T. Each decoded token then runs loop steps t = 1, 2, … and after every step
-t < T a halting rule looks at each still-active token of the batch:
+(prefill) runs the full T, or with ``prefill_halt=True`` halts token by token by the same rule and
+frozen-state semantics (the per-token halting evaluation over the prompt, tested). Each decoded
+token then runs loop steps t = 1, 2, … and after every step t < T a halting rule looks at each
+still-active token of the batch:
 
 * ``kl``: halt when ``KL(p_t ‖ p_{t−1}) < threshold`` with ``p_t = softmax(readout(h_t))`` and
   ``p_0`` the readout of the initial state — :class:`looplm.model.halting.KLHalt`, the rule
@@ -22,7 +24,8 @@ t < T a halting rule looks at each still-active token of the batch:
 
 A halted token's recurrent state is **frozen** and its logits are read out from it. Halted rows
 skip the work: the block runs in its active-row mode (``Block(x, active=…)``), which computes the
-queries, attention output and SwiGLU for active rows only. **Keys/values rule:** at every loop step
+queries, attention output and SwiGLU for active rows only, and batch rows without an active token
+leave the block call altogether (row compaction over :class:`StaticKVCache`'s row subsets). **Keys/values rule:** at every loop step
 the token skipped, the cache slot still receives the keys/values of the block input the recurrence
 builds from the token's frozen state at that step (with the block's update taken as 0) — the K/V
 projection only. For SCSE the block input is the frozen deviation itself, so every skipped slot
@@ -104,11 +107,14 @@ class Generation:
     """Result of :func:`decode`.
 
     tokens: (B, L + n) prompt and continuation; loops: (B, n) int64, the loop depth of the pass
-    whose readout chose each generated token (T for a token predicted from a prefill).
+    whose readout chose each generated token (for a token predicted from a prefill, T — or with
+    prefill halting the depth of the last prompt token); prompt_loops: (B, L_prefill) the depth of
+    every token of the first prefill with prefill halting, else None.
     """
 
     tokens: torch.Tensor
     loops: torch.Tensor
+    prompt_loops: torch.Tensor | None = None
 
     @property
     def mean_loops(self) -> float:
@@ -365,12 +371,14 @@ def decode(
     use_cache: bool = True,
     slide: int = 1,
     generator: torch.Generator | None = None,
+    prefill_halt: bool = False,
 ) -> Generation:
     """Continue ``ids`` (B, L) by ``max_new_tokens`` tokens (see the module docstring).
 
     ``loops`` is the depth T (the ceiling when ``halt`` is kl or maxtoken); ``slide`` how many
     tokens the window advances when it is full (cached path). Prompts of one batch share a length
-    (the model has no padding mask).
+    (the model has no padding mask). ``prefill_halt``: the prompt's tokens halt by the same rule
+    as generated ones (frozen states, as the per-token evaluation), instead of all running T.
     """
     from looplm.model.lm import check_loops
 
@@ -395,20 +403,29 @@ def decode(
     depths = torch.full((B, max_new_tokens), loops, dtype=torch.long, device=ids.device)
     cache = None
     logits = None
+    prompt_loops = None
     for i in range(max_new_tokens):
         if not cached:
             logits = next_logits(model, out[:, -context:], loops, None)
-        elif logits is None or cache.length >= context:  # (re-)prefill the window at full T
+        elif logits is None or cache.length >= context:  # (re-)prefill the window
             keep = context if logits is None else context - slide + 1
             cache = StaticKVCache(context)
-            logits = next_logits(model, out[:, -keep:], loops, cache)
+            if prefill_halt and halting.enabled:
+                first = logits is None
+                logits, d = adaptive_next_logits(model, out[:, -keep:], loops, cache, halting)
+                depths[:, i] = d[:, -1]
+                prompt_loops = d if first else prompt_loops
+            else:
+                logits = next_logits(model, out[:, -keep:], loops, cache)
+                if prefill_halt and prompt_loops is None:  # threshold 0: every token runs T
+                    prompt_loops = torch.full_like(out[:, -keep:], loops)
         elif halting.rule == "none":
             logits = next_logits(model, out[:, -1:], loops, cache)
         else:
             logits, d = adaptive_next_logits(model, out[:, -1:], loops, cache, halting)
             depths[:, i] = d[:, -1]
         out = torch.cat([out, _sample(logits, temperature, top_k, generator)], dim=1)
-    return Generation(out, depths)
+    return Generation(out, depths, prompt_loops)
 
 
 @torch.no_grad()
@@ -425,6 +442,7 @@ def generate(
     halt: str = "none",
     threshold: float = 0.0,
     slide: int = 1,
+    prefill_halt: bool = False,
 ) -> torch.Tensor:
     """Continue ``ids`` (B, L) by ``max_new_tokens`` tokens: (B, L + max_new_tokens).
 
@@ -442,4 +460,5 @@ def generate(
         use_cache=use_cache,
         slide=slide,
         generator=generator,
+        prefill_halt=prefill_halt,
     ).tokens

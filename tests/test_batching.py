@@ -47,7 +47,7 @@ def _requests(n: int = 6, seed: int = 0) -> list[Request]:
     return out
 
 
-def _alone(model, r: Request, loops: int, halt: str, thr: float):
+def _alone(model, r: Request, loops: int, halt: str, thr: float, prefill_halt: bool = False):
     got = decode(
         model,
         torch.tensor([r.ids]),
@@ -58,6 +58,7 @@ def _alone(model, r: Request, loops: int, halt: str, thr: float):
         temperature=r.temperature,
         top_k=r.top_k,
         generator=torch.Generator().manual_seed(r.seed),
+        prefill_halt=prefill_halt,
     )
     return got.tokens[0, len(r.ids) :].tolist(), got.loops[0].tolist()
 
@@ -73,15 +74,28 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("layout,halt,thr", CASES)
-def test_each_sequence_equals_generating_it_alone(layout: str, halt: str, thr: float) -> None:
+# … each with the prompt at full depth, and those with a rule also with prefill halting
+RUNS = [(*c, False) for c in CASES] + [(*c, True) for c in CASES if c[1] != "none"]
+
+
+@pytest.mark.parametrize("layout,halt,thr,prefill_halt", RUNS)
+def test_each_sequence_equals_generating_it_alone(
+    layout: str, halt: str, thr: float, prefill_halt: bool
+) -> None:
     model = _model(*LAYOUTS[layout])
     requests = _requests()
     T = 3
-    alone = [_alone(model, r, T, halt, thr) for r in requests]
+    alone = [_alone(model, r, T, halt, thr, prefill_halt) for r in requests]
     for schedule in ("continuous", "static"):
         res = generate_many(
-            model, requests, slots=3, loops=T, halt=halt, threshold=thr, schedule=schedule
+            model,
+            requests,
+            slots=3,
+            loops=T,
+            halt=halt,
+            threshold=thr,
+            schedule=schedule,
+            prefill_halt=prefill_halt,
         )
         assert len(res.completions) == len(requests)
         for (tokens, loops), c in zip(alone, res.completions):

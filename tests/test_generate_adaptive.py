@@ -203,6 +203,8 @@ def test_cli_generate_with_halting(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert out.startswith("T&F=") and "halt=kl" in out and "mean loops/token" in out
     assert main([*args, "--halt", "kl"]) == 2  # a halting rule needs --threshold
+    assert main([*args, "--halt", "kl", "--threshold", "0.01", "--prefill-halt"]) == 0
+    assert ", prompt " in capsys.readouterr().out  # the prompt's mean loops
 
 
 STRUCTURES = {
@@ -251,3 +253,37 @@ def test_preallocated_cache_equals_the_list_cache() -> None:
     assert all(torch.equal(x[0], y[0]) for x, y in zip(a.slots, b.slots))
     with pytest.raises(LoopLMError, match="holds 20 positions"):
         next_logits(model, torch.zeros(3, 10, dtype=torch.long), 3, b)
+
+
+@pytest.mark.parametrize("name", ["scse", "step_conditioned", "hyper_scse"])
+@pytest.mark.parametrize("rule", ["kl", "maxtoken"])
+def test_prefill_halting_is_the_per_token_evaluation_of_the_prompt(name: str, rule: str) -> None:
+    """With prefill halting the prompt's tokens halt as the per-token halting evaluation halts
+    them (same rule, same frozen states): the same depths, and the first generated token is read
+    from the same last state; threshold 0 is fixed-depth generation exactly."""
+    from looplm.model.halting import KLHalt, UpdateHalt
+
+    T = 6
+    model, prompt = _model(name), _prompts(B=3, L=12)
+    thr = _mixed_threshold(model, prompt, T, rule)
+    g = decode(model, prompt, 6, T, halt=rule, threshold=thr, prefill_halt=True)
+    decide = KLHalt(thr) if rule == "kl" else UpdateHalt(thr)
+    h, depth = per_token_halting(model, prompt, decide, T)
+    assert torch.equal(g.prompt_loops, depth)
+    assert len(depth.unique()) >= 2  # the rule did act on the prompt
+    assert torch.equal(g.loops[:, 0], depth[:, -1])
+    first = model.readout(h[:, -1]).argmax(-1)
+    assert torch.equal(g.tokens[:, prompt.shape[1]], first)
+    # decoding after a halted prefill attends to the prompt's frozen states: equal to feeding
+    # the generated tokens through the uncached evaluation with the same depths forced
+    target = torch.full(g.tokens.shape, T, dtype=torch.long)
+    target[:, : prompt.shape[1]] = depth
+    target[:, prompt.shape[1] : -1] = g.loops[:, 1:]  # the token at P + k took g.loops[:, k + 1]
+    h_all, ref_depth = per_token_halting(model, g.tokens[:, :-1], _ForcedDepth(target[:, :-1]), T)
+    assert torch.equal(ref_depth, target[:, :-1])
+    assert torch.equal(
+        model.readout(h_all[:, prompt.shape[1] :]).argmax(-1), g.tokens[:, prompt.shape[1] + 1 :]
+    )
+    zero = decode(model, prompt, 6, T, halt=rule, threshold=0.0, prefill_halt=True)
+    assert torch.equal(zero.tokens, generate(model, prompt, 6, loops=T))
+    assert torch.all(zero.prompt_loops == T)

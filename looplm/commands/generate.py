@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate",
         help="continue a text prompt (KV cache per loop step; greedy or sampled)",
         description="Generate from a checkpoint with its own tokenizer. --loops is the depth T "
-        "(the ceiling with --halt); the prompt always runs T loops, each new token stops early when "
-        "the halting rule says so. Past the model's context the window slides (the last "
+        "(the ceiling with --halt); the prompt runs T loops (or, with --prefill-halt, halts token "
+        "by token too), each new token stops early when the halting rule says so. Past the model's context the window slides (the last "
         "context - slide + 1 tokens are re-read). --prompts FILE streams many prompts through "
         "--slots batch slots (continuous batching: a slot takes the next prompt when its sequence "
         "ends; each sequence gets the tokens it would get alone) and prints one JSON line per "
@@ -64,6 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--threshold", type=float, default=None, help="halting threshold X (0: never)")
     p.add_argument(
+        "--prefill-halt",
+        action="store_true",
+        help="with --halt: the prompt's tokens halt by the same rule (instead of all running T)",
+    )
+    p.add_argument(
         "--slide", type=int, default=1, help="tokens the window advances when the context is full"
     )
     p.set_defaults(func=run)
@@ -103,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         slide=args.slide,
         generator=torch.Generator().manual_seed(args.seed),
+        prefill_halt=args.prefill_halt,
     )
     dt = time.perf_counter() - t0
     print(tok.decode(out.tokens[0].tolist()))
@@ -112,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             f"halt={args.halt} threshold={args.threshold:g} ceiling T={args.loops}, "
             f"mean loops/token {out.mean_loops:.2f}"
         )
+        if out.prompt_loops is not None:
+            depth += f", prompt {out.prompt_loops.double().mean():.2f}"
     print(
         f"[{args.max_new} tokens at {depth} in {dt:.2f} s, cache={'off' if args.no_cache else 'on'}]"
     )
@@ -191,6 +199,7 @@ def run_many(args: argparse.Namespace, model, tok) -> int:
         eot_id=tok.eot_id if args.stop_at_eot else None,
         schedule=args.schedule,
         progress=progress_enabled(),
+        prefill_halt=args.prefill_halt,
     )
     cpu = time.process_time() - cpu0
     lines = []
