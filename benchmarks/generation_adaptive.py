@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     batching = batching_runs(args, model, cfg, T, chosen, device) if args.mixed else []
     load1 = os.getloadavg()
     body = render(args, cfg, state, T, (load0, load1), time.perf_counter() - t0)
-    body += render_tables(args, T, base_nll, sweep, chosen, prefill, speed, batching)
+    body += "\n" + render_tables(args, T, base_nll, sweep, chosen, prefill, speed, batching)
     print(body)
     if not args.no_write:
         name = "generation_adaptive" + ("" if args.checkpoint else f"_{args.stand_in}")
