@@ -357,6 +357,17 @@ def _sample(
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
+def _prefill(model: nn.Module, ids: torch.Tensor, loops: int, halting: Halting, halt: bool):
+    """A fresh cache holding ``ids`` (B, L): (cache, last logits (B, V), depth of every token
+    (B, L) when ``halt`` — prefill halting, T for all at threshold 0 — else None)."""
+    cache = StaticKVCache(model.config.context)
+    if halt and halting.enabled:
+        logits, depth = adaptive_next_logits(model, ids, loops, cache, halting)
+        return cache, logits, depth
+    logits = next_logits(model, ids, loops, cache)
+    return cache, logits, torch.full_like(ids, loops) if halt else None
+
+
 @torch.no_grad()
 def decode(
     model: nn.Module,
@@ -398,27 +409,17 @@ def decode(
             "adaptive depth in generation runs on the KV-cached path of a looped model "
             "(use_cache=True, recurrence != unshared)"
         )
-    B = ids.shape[0]
-    out = ids
-    depths = torch.full((B, max_new_tokens), loops, dtype=torch.long, device=ids.device)
-    cache = None
-    logits = None
-    prompt_loops = None
+    out, cache, logits, prompt_loops = ids, None, None, None
+    depths = torch.full((ids.shape[0], max_new_tokens), loops, dtype=torch.long, device=ids.device)
     for i in range(max_new_tokens):
         if not cached:
             logits = next_logits(model, out[:, -context:], loops, None)
         elif logits is None or cache.length >= context:  # (re-)prefill the window
-            keep = context if logits is None else context - slide + 1
-            cache = StaticKVCache(context)
-            if prefill_halt and halting.enabled:
-                first = logits is None
-                logits, d = adaptive_next_logits(model, out[:, -keep:], loops, cache, halting)
+            keep, first = (context, True) if logits is None else (context - slide + 1, False)
+            cache, logits, d = _prefill(model, out[:, -keep:], loops, halting, prefill_halt)
+            if d is not None:
                 depths[:, i] = d[:, -1]
                 prompt_loops = d if first else prompt_loops
-            else:
-                logits = next_logits(model, out[:, -keep:], loops, cache)
-                if prefill_halt and prompt_loops is None:  # threshold 0: every token runs T
-                    prompt_loops = torch.full_like(out[:, -keep:], loops)
         elif halting.rule == "none":
             logits = next_logits(model, out[:, -1:], loops, cache)
         else:
