@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from looplm.config import DataConfig, ModelConfig
-from looplm.data.synthetic import TASKS, make_batch
+from looplm.data.synthetic import TASKS, make_batch, task_arg_keys
 from looplm.errors import LoopLMError
 from looplm.targets import IGNORE_INDEX
 
@@ -156,9 +156,12 @@ class TaskSource(DataSource):
 
     def __init__(self, data: DataConfig, model: ModelConfig, seed: int) -> None:
         self.task, self.data, self.seed, self.context = data.dataset, data, seed, model.context
-        unknown = sorted(set(data.task_args) - {"seq_len"})
+        allowed = task_arg_keys(self.task)
+        unknown = sorted(set(data.task_args) - allowed)
         if unknown:
-            raise LoopLMError(f"unknown data.task_args key {unknown[0]!r}; allowed: seq_len")
+            raise LoopLMError(
+                f"unknown data.task_args key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}"
+            )
         self.seq_len = int(data.task_args.get("seq_len", 0))  # >0 packs examples per row
 
     def make_global_batch(self, step, n_rows):
@@ -169,6 +172,7 @@ class TaskSource(DataSource):
             seed=step_seed(self.seed, step * 1024, 0),
             max_len=self.context,
             seq_len=self.seq_len,
+            task_args=self.data.task_args,
         )
         return b.input_ids, b.targets
 

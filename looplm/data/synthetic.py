@@ -185,7 +185,15 @@ _EXAMPLES = {
     "relational_text": relational_text_example,
     "graph_nodes": graph_nodes_example,
 }
-TASKS = tuple(_EXAMPLES)
+TWOHOP = "twohop"  # the knowledge task of looplm.data.twohop (its own example generator)
+TASKS = (*_EXAMPLES, TWOHOP)
+
+
+def task_arg_keys(task: str) -> frozenset[str]:
+    """The ``data.task_args`` keys ``task`` takes (``seq_len`` packs examples for every task)."""
+    from looplm.data.twohop import TASK_ARG_KEYS
+
+    return frozenset({"seq_len"}) | (TASK_ARG_KEYS if task == TWOHOP else frozenset())
 
 
 @dataclass
@@ -207,6 +215,8 @@ def make_batch(
     seed: int,
     max_len: int = 128,
     seq_len: int = 0,
+    task_args: dict | None = None,
+    split: str = "train",
 ) -> TaskBatch:
     """A deterministic batch for ``seed``.
 
@@ -215,6 +225,9 @@ def make_batch(
     [lo, hi] per example. With one example per row answers alternate T/F over rows (balanced
     batches); packed rows draw each answer independently (balanced in expectation), so the
     previous answer in a row says nothing about the next.
+
+    ``task_args`` configures a task's generator (``twohop``: its knowledge base); ``split`` picks
+    the ``twohop`` compositions (``train`` or the held-out ``heldout``).
     """
     if task not in TASKS:
         raise LoopLMError(f"unknown synthetic task {task!r}; allowed: {', '.join(TASKS)}")
@@ -226,6 +239,18 @@ def make_batch(
         raise LoopLMError(
             f"task {task!r} takes one graph per row: data.task_args.seq_len must be 0"
         )
+    if task == TWOHOP:
+        from looplm.data.twohop import knowledge_base
+
+        kb = knowledge_base(task_args)
+        if hi > 2:
+            raise LoopLMError(
+                f"twohop difficulty range {difficulty}; allowed difficulties: 1 (one-hop fact), "
+                "2 (two-hop query)"
+            )
+        make = lambda rng, depth, want: kb.example(rng, depth, split)  # noqa: E731
+    else:
+        make = _EXAMPLES[task]
     rng = random.Random(seed)
     rows, k = [], 0
     for _ in range(batch_size):
@@ -239,7 +264,7 @@ def make_batch(
             # rows draw each answer at random: alternating answers inside a row would let a model
             # read the answer off the previous one.
             want = bool(k % 2) if not seq_len else rng.random() < 0.5
-            ex = _EXAMPLES[task](rng, depth, want=want)
+            ex = make(rng, depth, want=want)
             if isinstance(ex, NodeExample):
                 text, answers, dist = ex.text, ex.answers, ex.distance
             else:  # '=' (the last character) predicts the answer, which follows it

@@ -31,12 +31,21 @@ def _check_counts(**counts: int) -> None:
         check_positive_int(name, v)
 
 
-def _batches(task: str, difficulty: int, n_examples: int, batch_size: int, context: int):
+def _batches(
+    task: str,
+    difficulty: int,
+    n_examples: int,
+    batch_size: int,
+    context: int,
+    task_args: dict[str, Any] | None = None,
+):
     """Evaluation batches of one difficulty: ``n_examples`` rows, seeds disjoint from training."""
     for i, start in enumerate(range(0, n_examples, batch_size)):
         n = min(batch_size, n_examples - start)
         seed = EVAL_SEED_OFFSET + 7919 * difficulty + i
-        yield make_batch(task, n, (difficulty, difficulty), seed=seed, max_len=context)
+        yield make_batch(
+            task, n, (difficulty, difficulty), seed=seed, max_len=context, task_args=task_args
+        )
 
 
 @torch.no_grad()
@@ -49,10 +58,12 @@ def frontier_accuracy(
     n_examples: int = 256,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
+    task_args: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (difficulty, T): ``{"difficulty", "depth", "n_correct", "n_examples",
     "sum_nll", "n_tokens"}``. ``n_examples`` rows of each difficulty are scored (a node task scores
-    every query node of a row); correct = argmax over the whole vocabulary equals the answer."""
+    every query node of a row); correct = argmax over the whole vocabulary equals the answer.
+    ``task_args``: the run's ``data.task_args`` (a ``twohop`` run's knowledge base)."""
     if not depths or not difficulties:
         raise LoopLMError("frontier evaluation needs at least one depth and one difficulty")
     _check_counts(n_examples=n_examples, batch_size=batch_size)
@@ -60,7 +71,7 @@ def frontier_accuracy(
     rows = []
     for d in sorted({int(x) for x in difficulties}):
         acc: dict[int, list[float]] = {}
-        for b in _batches(task, d, n_examples, batch_size, model.config.context):
+        for b in _batches(task, d, n_examples, batch_size, model.config.context, task_args):
             x, y = b.input_ids.to(device), b.targets.to(device)
             for T, h in model.iter_depths(x, list(depths)):
                 a = acc.setdefault(T, [0, 0, 0.0])

@@ -116,6 +116,7 @@ class Frontier(EvaluationKind):
         rows = frontier_accuracy(
             job.model(), _task(job), self.depths, diffs, n_examples=self.n_examples,
             batch_size=int(self.batch_size or job.batch_size), device=job.device,
+            task_args=job.cfg.data.task_args,
         )  # fmt: skip
         extra = {**job.extra, "train_difficulty": list(job.cfg.data.train_difficulty)}
         if not job.cfg.model.is_looped:  # T beyond its layers changes nothing: no climb to read
