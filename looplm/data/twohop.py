@@ -113,9 +113,7 @@ def task_settings(task_args: dict[str, Any] | None) -> dict[str, Any]:
     if not isinstance(n_e, int) or not 2 <= n_e <= len(ENTITY_CHARS):
         raise LoopLMError(f"data.task_args.n_entities={n_e!r}; allowed: 2 … {len(ENTITY_CHARS)}")
     if not isinstance(n_r, int) or not 1 <= n_r <= len(RELATION_CHARS):
-        raise LoopLMError(
-            f"data.task_args.n_relations={n_r!r}; allowed: 1 … {len(RELATION_CHARS)}"
-        )
+        raise LoopLMError(f"data.task_args.n_relations={n_r!r}; allowed: 1 … {len(RELATION_CHARS)}")
     if not isinstance(hold, (int, float)) or not 0.0 <= hold < 1.0:
         raise LoopLMError(f"data.task_args.holdout={hold!r}; allowed: 0 <= holdout < 1")
     if not isinstance(s["kb_seed"], int):

@@ -84,7 +84,5 @@ def twohop_accuracy(
                 a[1] += int(y.numel())
                 a[2] += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
         for T, (c, n, nll) in sorted(acc.items()):
-            rows.append(
-                {"set": which, "depth": T, "n_correct": c, "n_examples": n, "sum_nll": nll}
-            )
+            rows.append({"set": which, "depth": T, "n_correct": c, "n_examples": n, "sum_nll": nll})
     return rows
