@@ -46,9 +46,7 @@ def test_one_hop_text_states_every_fact_and_two_hop_answers_compose_them() -> No
     assert len(table) == 12 * 3 and ents == set("ABCDEFGHIJKL") and rels == set("012")
     assert all(table[k] != k[0] for k in table)  # no fact maps an entity to itself
     for split in ("train", "heldout"):
-        queries = _examples(
-            make_batch("twohop", 300, (2, 2), seed=2, task_args=ARGS, split=split)
-        )
+        queries = _examples(make_batch("twohop", 300, (2, 2), seed=2, task_args=ARGS, split=split))
         assert len(queries) == 300
         for prompt, ans in queries:
             e, r1, r2, eq = prompt

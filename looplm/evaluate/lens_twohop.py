@@ -162,7 +162,7 @@ def swap_test(
 ) -> dict[str, np.ndarray]:
     """Per selected prompt: ``success`` (the answer became r2(b') after the bridge swap),
     ``control`` (the same target after the unrelated-pair swap), ``changed`` / ``control_changed``
-    (the answer moved at all). ``select``: a boolean mask of prompts (default all). ``where``:
+    (the answer moved at all), ``prompt`` (the index of each prompt in ``p``). ``select``: a boolean mask of prompts (default all). ``where``:
     edit the ``query`` position only, or ``all`` positions of the prompt."""
     if where not in ("query", "all"):
         raise LoopLMError(f"swap positions {where!r}; allowed: query, all")
@@ -199,7 +199,9 @@ def swap_test(
             res["changed" if name == "success" else "control_changed"].append(
                 (top != answer).numpy()
             )
-    return {k: np.concatenate(v) if v else np.zeros(0, bool) for k, v in res.items()}
+    out = {k: np.concatenate(v) if v else np.zeros(0, bool) for k, v in res.items()}
+    out["prompt"] = idx  # the index of each swapped prompt in ``p``
+    return out
 
 
 def subspace_overlap(lenses: dict[int, Any], k: int) -> dict[str, Any]:
