@@ -164,10 +164,14 @@ def test_lens_kind_in_a_tiny_sweep(tmp_path) -> None:
                 "swap_depths": [2],
             },  # fmt: skip
         },
+        "report": {"seeds": [0], "reference": "scse"},
     }
     path = tmp_path / "l.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    run_experiment(path, progress=False, report=False)
+    run_experiment(path, progress=False)
+    md = (tmp_path / "runs" / "report" / "report.md").read_text()
+    assert "## Jacobian lens on the two-hop task" in md and "| unshared_2l |" in md
+    assert "lens:" not in md  # lens rows are not read as PPL rows
     recs = [r for r in ResultsStore(tmp_path / "runs" / "results.sqlite").query()
             if r.split.startswith("lens:")]  # fmt: skip
     scse = [r for r in recs if r.method == "scse"]

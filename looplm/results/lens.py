@@ -40,11 +40,16 @@ def _step(split: str) -> tuple[str, int] | None:
     return None
 
 
+def is_lens_record(rec: EvalRecord) -> bool:
+    """A row of the ``lens`` evaluation kind (reported in the lens section only)."""
+    return rec.split.startswith("lens:")
+
+
 def lens_records(store: str | Path, protocol: str | None = None) -> list[EvalRecord]:
     """Every lens row of ``store`` (optionally of one protocol)."""
     with ResultsStore(store) as st:
         recs = st.query(**({"protocol": protocol} if protocol else {}))
-    return [r for r in recs if r.split.startswith("lens:")]
+    return [r for r in recs if is_lens_record(r)]
 
 
 def _mean_over_seeds(per_seed: list[np.ndarray]) -> np.ndarray:
@@ -103,6 +108,11 @@ def lens_findings(
         raise LoopLMError(
             f"{store}: no lens rows{f' of protocol {protocol!r}' if protocol else ''}"
         )
+    return findings_from_records(recs, n_boot)
+
+
+def findings_from_records(recs: Sequence[EvalRecord], n_boot: int = 10_000) -> dict[str, Any]:
+    """:func:`lens_findings` of lens rows already read (one protocol)."""
     by_method: dict[str, list[EvalRecord]] = defaultdict(list)
     for r in recs:
         by_method[r.method].append(r)
@@ -229,7 +239,7 @@ def findings_table(findings: dict[str, Any]) -> str:
         b = f["band"]
         if b["steps"]:
             gains = {r["t"]: r["kl_gain"]["mean"] for r in b["per_step"]}
-            band = ", ".join(f"{t} ({gains[t]:+.3f})" for t in b["steps"])
+            band = ", ".join(f"{t} ({gains[t]:+.3g})" for t in b["steps"])
         else:
             band = "none"
         band = f"{'yes' if b['holds'] else 'no'}: {band}"
