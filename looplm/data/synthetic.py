@@ -207,6 +207,21 @@ class TaskBatch:
     distance: torch.Tensor | None = None
 
 
+def _generator(task: str, difficulty: tuple[int, int], task_args: dict | None, split: str):
+    """The example generator ``(rng, depth, want) -> example`` of ``task``."""
+    if task != TWOHOP:
+        return _EXAMPLES[task]
+    from looplm.data.twohop import knowledge_base
+
+    kb = knowledge_base(task_args)
+    if difficulty[1] > 2:
+        raise LoopLMError(
+            f"twohop difficulty range {difficulty}; allowed difficulties: 1 (one-hop fact), "
+            "2 (two-hop query)"
+        )
+    return lambda rng, depth, want: kb.example(rng, depth, split)
+
+
 # long: packs examples into rows and the rows into four aligned tensors in one pass
 def make_batch(
     task: str,
@@ -224,10 +239,8 @@ def make_batch(
     one), so every row carries several supervised answers; difficulty is drawn uniformly from
     [lo, hi] per example. With one example per row answers alternate T/F over rows (balanced
     batches); packed rows draw each answer independently (balanced in expectation), so the
-    previous answer in a row says nothing about the next.
-
-    ``task_args`` configures a task's generator (``twohop``: its knowledge base); ``split`` picks
-    the ``twohop`` compositions (``train`` or the held-out ``heldout``).
+    previous answer in a row says nothing about the next. ``task_args``: a task's generator
+    settings (``twohop``: its knowledge base); ``split``: ``twohop`` compositions (``heldout``).
     """
     if task not in TASKS:
         raise LoopLMError(f"unknown synthetic task {task!r}; allowed: {', '.join(TASKS)}")
@@ -239,18 +252,7 @@ def make_batch(
         raise LoopLMError(
             f"task {task!r} takes one graph per row: data.task_args.seq_len must be 0"
         )
-    if task == TWOHOP:
-        from looplm.data.twohop import knowledge_base
-
-        kb = knowledge_base(task_args)
-        if hi > 2:
-            raise LoopLMError(
-                f"twohop difficulty range {difficulty}; allowed difficulties: 1 (one-hop fact), "
-                "2 (two-hop query)"
-            )
-        make = lambda rng, depth, want: kb.example(rng, depth, split)  # noqa: E731
-    else:
-        make = _EXAMPLES[task]
+    make = _generator(task, difficulty, task_args, split)
     rng = random.Random(seed)
     rows, k = [], 0
     for _ in range(batch_size):

@@ -138,7 +138,17 @@ def _method_findings(rows: list[EvalRecord], n_boot: int) -> dict[str, Any]:
         w: float(np.mean([summ[(T, s)]["sets"][w]["accuracy"] for s in seeds if (T, s) in summ]))
         for w in ("two_hop", "heldout")
     }
-    # 1. band (and reported: bridge rank difference, tuned arm)
+    res["band"] = _band_criterion(steps, T, seeds, n_boot)
+    res["overlap"] = _overlap_criterion(summ, T, deep, seeds)
+    res["swap"] = _swap_criterion([summ[(T, s)] for s in seeds if (T, s) in summ], n_boot)
+    n = sum(bool(res[k]["holds"]) for k in ("band", "overlap", "swap"))
+    res["verdict"] = "survives" if n == 3 else ("partly" if n else "not found")
+    res["wall_s"] = float(sum(summ[k].get("wall_s", 0.0) for k in summ))
+    return res
+
+
+def _band_criterion(steps: dict, T: int, seeds: list[int], n_boot: int) -> dict[str, Any]:
+    """Criterion 1 (and, reported: the bridge rank difference, the tuned arm)."""
     per_step = []
     for t in range(T):
         cell = steps.get(("two_hop", T, t), {})
@@ -173,13 +183,11 @@ def _method_findings(rows: list[EvalRecord], n_boot: int) -> dict[str, Any]:
         per_step.append(row)
     winning = [r["t"] for r in per_step if r["kl_gain"]["lo"] > 0]
     runs = [r for r in _runs(winning) if len(r) >= 2]
-    res["band"] = {
-        "steps": winning,
-        "bands": runs,
-        "holds": bool(runs),
-        "per_step": per_step,
-    }
-    # 2. overlap
+    return {"steps": winning, "bands": runs, "holds": bool(runs), "per_step": per_step}
+
+
+def _overlap_criterion(summ: dict, T: int, deep: int, seeds: list[int]) -> dict[str, Any]:
+    """Criterion 2: within the depth-T fit, within the deepest fit and same-step across them."""
     ov: dict[str, Any] = {"per_seed": {}}
     holds = bool(seeds)
     for s in seeds:
@@ -207,10 +215,13 @@ def _method_findings(rows: list[EvalRecord], n_boot: int) -> dict[str, Any]:
         ov["per_seed"][s] = seed_row
     ov["holds"] = holds
     ov["extrapolated"] = deep > T
-    res["overlap"] = ov
-    # 3. swap
-    sums = [summ[(T, s)] for s in seeds if (T, s) in summ]
-    swap = {
+    return ov
+
+
+def _swap_criterion(sums: list[dict[str, Any]], n_boot: int) -> dict[str, Any]:
+    """Criterion 3 (J-lens directions, the pre-registered band, query position) and, reported,
+    the other swap variants."""
+    swap: dict[str, Any] = {
         "jlens": _swap_effect(sums, "swap", "jlens", n_boot),
         "logit": _swap_effect(sums, "swap", "logit", n_boot),
         "jlens@all": _swap_effect(sums, "swap", "jlens@all", n_boot),
@@ -220,11 +231,7 @@ def _method_findings(rows: list[EvalRecord], n_boot: int) -> dict[str, Any]:
     }
     main = swap["jlens"]
     swap["holds"] = bool(main and main["effect"]["lo"] > 0)
-    res["swap"] = swap
-    n = sum(bool(res[k]["holds"]) for k in ("band", "overlap", "swap"))
-    res["verdict"] = "survives" if n == 3 else ("partly" if n else "not found")
-    res["wall_s"] = float(sum(summ[k].get("wall_s", 0.0) for k in summ))
-    return res
+    return swap
 
 
 def findings_table(findings: dict[str, Any]) -> str:
