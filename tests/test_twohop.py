@@ -79,11 +79,16 @@ def test_generation_is_deterministic_and_the_knowledge_base_depends_on_kb_seed_o
 
 
 def test_training_source_uses_the_runs_knowledge_base() -> None:
-    data = DataConfig(dataset="twohop", train_difficulty=[1, 1], task_args=dict(ARGS))
+    data = DataConfig(
+        dataset="twohop", train_difficulty=[1, 1], eval_difficulty=[1, 1], task_args=dict(ARGS)
+    )
     src = TaskSource(data, ModelConfig(context=16), seed=0)
     x, y = src.global_batch(0, 200)
     got = _solver(_examples(type("B", (), {"input_ids": x, "targets": y})()))
+    (xe, ye), *_ = src.eval_batches(200, n_examples=200)  # evaluation reads the same base
+    got.update(_solver(_examples(type("B", (), {"input_ids": xe, "targets": ye})())))
     kb = knowledge_base(ARGS)
+    assert set(e for e, _ in got) <= set(kb.entities)  # 12 entities, not the default 32
     for (e, r), ans in got.items():
         assert ans == kb.entities[kb.hop(kb.entities.index(e), int(r))]
 

@@ -186,6 +186,7 @@ class TaskSource(DataSource):
                 seed=EVAL_SEED_OFFSET + i,
                 max_len=self.context,
                 seq_len=self.seq_len,
+                task_args=self.data.task_args,
             )
             yield b.input_ids, b.targets
 
