@@ -279,8 +279,8 @@ def findings_table(findings: dict[str, Any]) -> str:
 
 
 def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = None) -> list[Path]:
-    """``lens_bridge_rank.png``, ``lens_fidelity.png``, ``lens_overlap.png``, ``lens_swap.png``."""
-    from looplm.results.plotting import method_color, new_figure, save_png
+    """``lens_twohop_{bridge_rank,fidelity,overlap,swap}.png``."""
+    from looplm.results.plotting import new_figure, save_png
 
     f = lens_findings(store, protocol, n_boot=1000)
     out = Path(out_dir)
@@ -293,7 +293,7 @@ def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = 
         if not ps:
             continue
         t = [r["t"] for r in ps]
-        c = method_color(m, i)
+        c = f"C{i}"
         axes[0].plot(t, [r["rank_jlens"] for r in ps], "-o", color=c, label=f"{m} J-lens", ms=3)
         axes[0].plot(t, [r["rank_logit"] for r in ps], "--", color=c, label=f"{m} logit", lw=1)
         axes[1].plot(t, [r["top1_r1_jlens"] for r in ps], "-o", color=c, ms=3, label=f"{m} J-lens")
@@ -303,7 +303,7 @@ def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = 
     axes[1].set(xlabel="loop step t (T = 8)", ylabel="bridge top-1 rate",
                 title="bridge entity at the first relation's position")  # fmt: skip
     axes[1].legend(fontsize=6, ncol=2)
-    paths.append(save_png(fig, out / "lens_bridge_rank.png", dpi=130))
+    paths.append(save_png(fig, out / "lens_twohop_bridge_rank.png", dpi=130))
     # fidelity: KL per step, three arms
     fig, axes = new_figure((3.2 * len(methods), 3.2), ncols=len(methods))
     axes = np.atleast_1d(axes)
@@ -320,7 +320,7 @@ def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = 
         ax.set_yscale("symlog", linthresh=1e-3)
     axes[0].set_ylabel("KL(p_T ‖ lens_t), query position")
     axes[0].legend(fontsize=7)
-    paths.append(save_png(fig, out / "lens_fidelity.png", dpi=130))
+    paths.append(save_png(fig, out / "lens_twohop_fidelity.png", dpi=130))
     # overlap matrices (first seed) at T
     recs = lens_records(store, protocol)
     fig, axes = new_figure((3.0 * len(methods), 3.0), ncols=len(methods))
@@ -335,7 +335,7 @@ def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = 
         im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
         ax.set(title=f"{m} (seed {s[0].seed})", xlabel="step", ylabel="step")
     fig.colorbar(im, ax=list(axes), shrink=0.8, label="top-8 subspace overlap")
-    paths.append(save_png(fig, out / "lens_overlap.png", dpi=130))
+    paths.append(save_png(fig, out / "lens_twohop_overlap.png", dpi=130))
     # swap
     fig, ax = new_figure((8, 3.4))
     keys = [("jlens", "band 0.38–0.92, query"), ("jlens@all", "band 0.38–0.92, all pos."),
@@ -349,11 +349,11 @@ def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = 
             xs.append(j + i * w)
             succ.append(100 * s["success"] if s else 0)
             ctrl.append(100 * s["control"] if s else 0)
-        ax.bar(xs, succ, w * 0.9, color=method_color(m, i), label=m)
+        ax.bar(xs, succ, w * 0.9, color=f"C{i}", label=m)
         ax.scatter(xs, ctrl, marker="_", color="k", s=60, zorder=3)
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))], [lab for _, lab in keys],
                   fontsize=7)  # fmt: skip
     ax.set(ylabel="answer → r2(b') (%)", title="bridge swap (bars) vs unrelated-pair control (—)")
     ax.legend(fontsize=7)
-    paths.append(save_png(fig, out / "lens_swap.png", dpi=130))
+    paths.append(save_png(fig, out / "lens_twohop_swap.png", dpi=130))
     return paths
