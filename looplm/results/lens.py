@@ -278,6 +278,7 @@ def findings_table(findings: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# long: four small figures drawn from one findings pass
 def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = None) -> list[Path]:
     """``lens_twohop_{bridge_rank,fidelity,overlap,swap}.png``."""
     from looplm.results.plotting import new_figure, save_png

@@ -138,6 +138,7 @@ class Lens(EvaluationKind):
             out += [r for r in records if (r.split, r.depth) in wanted]
         return out
 
+    # long: one depth's fits, readouts of both prompt sets, overlap, swaps and rows in one pass
     def _depth(self, job: EvalJob, T: int, base_lens: Any) -> tuple[list[Any], Any]:
         """Every row of depth T, and its J-lens (the first depth's is the persistence base)."""
         import numpy as np
