@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from looplm.errors import LoopLMError
+from looplm.results.sections import ReportSection, register_section
 from looplm.results.stats import paired_bootstrap_ci
-from looplm.results.store import EvalRecord, ResultsStore
+from looplm.results.store import EvalRecord, ResultsStore, group_by
 
 SUMMARY = "lens:summary"
 
@@ -358,3 +359,20 @@ def lens_figures(store: str | Path, out_dir: str | Path, protocol: str | None = 
     ax.legend(fontsize=7)
     paths.append(save_png(fig, out / "lens_twohop_swap.png", dpi=130))
     return paths
+
+
+@register_section
+class LensSection(ReportSection):
+    """The Jacobian-lens criteria table per protocol (the ``lens`` kind's rows)."""
+
+    name = "lens"
+    kinds = ("lens",)
+    order = 45
+    json_keys = ("lens",)
+
+    def write(self, recs: list[EvalRecord]) -> None:
+        self.report.md += ["## Jacobian lens on the two-hop task", ""]
+        for (proto,), rows in sorted(group_by(recs, ("protocol",)).items()):
+            f = findings_from_records(rows, n_boot=self.report.n_boot)
+            self.report.md += [f"Protocol `{proto}`:", "", findings_table(f), ""]
+            self.report.json["lens"].append({"protocol": proto, "findings": f})

@@ -173,7 +173,12 @@ def legacy_kind(rec: EvalRecord) -> str:
 
 
 _SECTIONS: Registry[ReportSection] = Registry("report section", "looplm.evaluations")
-_BUILT_IN = ("looplm.results.report", "looplm.results.report_adaptive", "looplm.results.frontier")
+_BUILT_IN = (
+    "looplm.results.report",
+    "looplm.results.report_adaptive",
+    "looplm.results.frontier",
+    "looplm.results.lens",
+)
 
 
 def register_section(cls: type[ReportSection]) -> type[ReportSection]:
