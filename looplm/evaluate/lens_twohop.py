@@ -13,8 +13,9 @@ the same fitting prompts, :func:`looplm.diagnostics.lens.fit_tuned_lens`) and me
 
 The **swap test** (:func:`swap_test`) edits the query position over a band of loop steps: the
 coordinates of the bridge ``b`` and another entity ``b'`` (with ``r2(b') ≠ r2(b)``) along the lens's
-token directions are exchanged (:func:`looplm.diagnostics.lens_interventions.coordinate_swap`),
-and the model's own unroll continues. Success: the answer becomes ``r2(b')``. The control swaps an
+token directions are exchanged (:func:`looplm.diagnostics.lens_interventions.coordinate_swap`,
+to the unedited run's coordinates at every step of the band, so consecutive steps do not swap
+back), and the model's own unroll continues. Success: the answer becomes ``r2(b')``. The control swaps an
 unrelated pair of entities (neither the subject, ``b`` nor ``b'``) and is scored against the same
 target. Only prompts the model answers correctly at T are swapped.
 
@@ -166,7 +167,8 @@ def swap_test(
     edit the ``query`` position only, or ``all`` positions of the prompt."""
     if where not in ("query", "all"):
         raise LoopLMError(f"swap positions {where!r}; allowed: query, all")
-    from looplm.diagnostics.lens_interventions import coordinate_swap, intervene
+    from looplm.diagnostics.lens import loop_states
+    from looplm.diagnostics.lens_interventions import intervene, token_edit
 
     idx = np.arange(len(p.triples)) if select is None else np.flatnonzero(select)
     triples = [p.triples[i] for i in idx]
@@ -188,12 +190,8 @@ def swap_test(
             pos[:] = True
         for name, (ka, kb_) in (("success", (0, 1)), ("control", (2, 3))):
             ta, tb = _tok([q[ka] for q in chunk]), _tok([q[kb_] for q in chunk])
-
-            def edit(t: int, h: torch.Tensor, ta=ta, tb=tb) -> torch.Tensor:
-                ua = lens.token_directions(model, t, ta).to(h.dtype)
-                ub = lens.token_directions(model, t, tb).to(h.dtype)
-                return coordinate_swap(h, ua, ub)
-
+            clean, _ = loop_states(model, ids, T)  # each step writes the clean coordinates, swapped
+            edit = token_edit("swap", model, lens, ta, tb, 1.0, reference=clean)
             top = intervene(model, ids, T, band, edit, positions=pos)[:, -1].argmax(-1)
             res[name].append((top == target).numpy())
             res["changed" if name == "success" else "control_changed"].append(
