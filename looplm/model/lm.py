@@ -289,7 +289,7 @@ class LanguageModelBase(nn.Module):
             hs = hs[1:] if len(hs) > 1 else hs
         total = 0.0
         for h in hs:  # summed NLL of each supervised readout, averaged over the readouts
-            scored = self.score(h, targets)
+            scored = self.score(h, targets, hits=False)
             total = total + scored.nll
         total = total / len(hs)
         return total if reduction == "sum" else total / scored.n_tokens.clamp(min=1)
