@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from looplm.errors import LoopLMError
+from looplm.model.loss import chunk_rows
 from looplm.model.readout import log_probs, readout_kl, row_chunks
 from looplm.model.recurrences import LoopContext
 
@@ -114,6 +115,9 @@ class PreviousReadout:
 
     def __init__(self, model: nn.Module, h: torch.Tensor) -> None:
         self.readout, self.vocab = model.readout, model.config.vocab_size
+        if h.shape[0] <= chunk_rows(self.vocab):  # one chunk
+            self.logp = log_probs(self.readout, h, torch.float32)
+            return
         self.logp = torch.empty(h.shape[0], self.vocab, dtype=torch.float32, device=h.device)
         for c in row_chunks(h.shape[0], self.vocab):
             self.logp[c] = log_probs(self.readout, h[c], torch.float32)
@@ -124,9 +128,21 @@ class PreviousReadout:
         fn: Callable[[slice, torch.Tensor, torch.Tensor], torch.Tensor],
         rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """New states ``h`` (n, d) of ``rows`` (default: all N) → ``fn``'s outputs, concatenated."""
+        """New states ``h`` (n, d) of ``rows`` (default: all N; a bool mask over the N rows or
+        their indices) → ``fn(chunk, logp, logp_prev)``'s outputs, concatenated."""
+        n = h.shape[0]
+        if n <= chunk_rows(self.vocab):  # one chunk (decoding, small batches): no index lists
+            logp = log_probs(self.readout, h, torch.float32)  # (n, V)
+            out = fn(slice(None), logp, self.logp if rows is None else self.logp[rows])
+            if rows is None:
+                self.logp = logp
+            else:
+                self.logp[rows] = logp
+            return out
+        if rows is not None and rows.dtype == torch.bool:
+            rows = rows.nonzero().squeeze(1)
         out = []
-        for c in row_chunks(h.shape[0], self.vocab):
+        for c in row_chunks(n, self.vocab):
             idx = c if rows is None else rows[c]
             logp = log_probs(self.readout, h[c], torch.float32)  # (n_c, V)
             out.append(fn(c, logp, self.logp[idx]))
@@ -173,7 +189,8 @@ class TokenHalting:
 
     @property
     def dense(self) -> bool:
-        return self.n_active == self.active.numel()
+        """Whether every token is still active."""
+        return self.n_active == self._size
 
     def start(self, model: nn.Module, step, loops: int) -> None:
         """Every token of the step's batch active; the previous readout/state from ``step``."""
@@ -181,7 +198,7 @@ class TokenHalting:
         dev = step.context.e.device
         self.active = torch.ones(B, L, dtype=torch.bool, device=dev)
         self.depth = torch.full((B, L), loops, dtype=torch.long, device=dev)
-        self.n_active = B * L
+        self.n_active = self._size = B * L
         table = None
         if getattr(self.decide, "needs_logits", True):
             table = PreviousReadout
@@ -191,11 +208,13 @@ class TokenHalting:
 
     def bind(self, core) -> None:
         """Before a step: the core computes the active rows (all while every token is active)."""
-        core.active = None if (self.dense or not self.skip) else self.active
+        core.active = None if (self.n_active == self._size or not self.skip) else self.active
 
     def merge(self, state: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """After a step: halted tokens keep their state."""
-        return new if self.dense else torch.where(token_mask(state, self.active), new, state)
+        if self.n_active == self._size:
+            return new
+        return torch.where(token_mask(state, self.active), new, state)
 
     def observe(self, step, loops: int) -> None:
         """After step t < T: ask the decision about the active tokens; halt those it says."""
@@ -204,19 +223,18 @@ class TokenHalting:
             return
         h = step.hidden
         B, L = self.active.shape
+        dense = self.n_active == B * L
         # (N, d) rows of the active tokens (row-major); while all are active, a view
-        h_act = h.reshape(B * L, -1) if self.dense else h[self.active]
-        rows = None if self.dense else self.active.flatten().nonzero().squeeze(1)
+        h_act = h.reshape(B * L, -1) if dense else h[self.active]
         if self._prev is None:
             halt = self.decide(t, h_act, None, None)
         else:
-            ask = lambda c, cur, prev: self.decide(t, h_act[c], cur, prev)  # noqa: E731
-            halt = self._prev.advance(h_act, ask, rows)
+            decide = self.decide
+            ask = lambda c, cur, prev: decide(t, h_act[c], cur, prev)  # noqa: E731
+            halt = self._prev.advance(h_act, ask, None if dense else self.active.view(-1))
         if bool(halt.any()):
             stop = (
-                halt.view(B, L)
-                if self.dense
-                else self.active.clone().index_put_((self.active,), halt)
+                halt.view(B, L) if dense else self.active.clone().index_put_((self.active,), halt)
             )
             self.depth = self.depth.masked_fill(stop, t)
             self.active = self.active & ~stop
