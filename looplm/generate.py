@@ -54,6 +54,7 @@ states. Ordinary generation gives identical tokens with and without the cache (t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -261,12 +262,15 @@ def decode(
     use_cache: bool = True,
     slide: int = 1,
     generator: torch.Generator | None = None,
+    on_token: Callable[[torch.Tensor], object] | None = None,
 ) -> Generation:
     """Continue ``ids`` (B, L) by ``max_new_tokens`` tokens (see the module docstring).
 
     ``loops`` is the depth T (the ceiling when ``halt`` is kl or maxtoken); ``slide`` how many
     tokens the window advances when it is full (cached path). Prompts of one batch share a length
-    (the model has no padding mask).
+    (the model has no padding mask). ``on_token(next)`` is called with each new (B, 1) token as
+    soon as it is chosen (streaming); memory grows with the tokens made, not with
+    ``max_new_tokens``.
     """
     from looplm.model.lm import check_loops
 
@@ -287,24 +291,37 @@ def decode(
             "(use_cache=True, recurrence != unshared)"
         )
     B = ids.shape[0]
-    out = ids
-    depths = torch.full((B, max_new_tokens), loops, dtype=torch.long, device=ids.device)
+    window = ids[:, -context:]  # the last `context` tokens: all any next prediction reads
+    new: list[torch.Tensor] = []  # (B, 1) each; grown as tokens are made
+    depths: list[torch.Tensor] = []
     cache = None
     logits = None
-    for i in range(max_new_tokens):
+    for _ in range(max_new_tokens):
+        depth = torch.full((B,), loops, dtype=torch.long, device=ids.device)
         if not cached:
-            logits = next_logits(model, out[:, -context:], loops, None)
+            logits = next_logits(model, window, loops, None)
         elif logits is None or cache.length >= context:  # (re-)prefill the window at full T
             keep = context if logits is None else context - slide + 1
             cache = StaticKVCache(context)
-            logits = next_logits(model, out[:, -keep:], loops, cache)
+            logits = next_logits(model, window[:, -keep:], loops, cache)
         elif halting.rule == "none":
-            logits = next_logits(model, out[:, -1:], loops, cache)
+            logits = next_logits(model, window[:, -1:], loops, cache)
         else:
-            logits, d = adaptive_next_logits(model, out[:, -1:], loops, cache, halting)
-            depths[:, i] = d[:, -1]
-        out = torch.cat([out, _sample(logits, temperature, top_k, generator)], dim=1)
-    return Generation(out, depths)
+            logits, d = adaptive_next_logits(model, window[:, -1:], loops, cache, halting)
+            depth = d[:, -1]
+        token = _sample(logits, temperature, top_k, generator)
+        window = torch.cat([window, token], dim=1)[:, -context:]
+        new.append(token)
+        depths.append(depth)
+        if on_token is not None:
+            on_token(token)
+    out = torch.cat([ids, *new], dim=1)
+    loops_made = (
+        torch.stack(depths, dim=1)
+        if depths
+        else torch.zeros((B, 0), dtype=torch.long, device=ids.device)
+    )
+    return Generation(out, loops_made)
 
 
 @torch.no_grad()

@@ -104,6 +104,10 @@ def format_table(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.device import parse_depths
+    from looplm.errors import check_positive_int
+
+    if args.batch_size is not None:
+        check_positive_int("--batch-size", args.batch_size)
     from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
     from looplm.evaluate.records import adaptive_records, eval_tag
     from looplm.io import atomic_write_json

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from looplm.errors import LoopLMError
@@ -136,4 +137,13 @@ def _info(args: argparse.Namespace) -> int:
         )
         print(f"  source {src.get('kind')}: {where}  rule {m.get('rule')}")
         print(f"  looplm {m.get('looplm_version')}  created {m.get('created')}")
+    bad = [m for m in caches if m["status"] != "ok"]
+    if bad:
+        print(
+            f"error: {len(bad)} of {len(caches)} caches are damaged or stale "
+            f"(first: {Path(bad[0]['bin_path']).name}: {bad[0]['status']}); `looplm data prepare` "
+            "rebuilds them",
+            file=sys.stderr,
+        )
+        return 1
     return 0

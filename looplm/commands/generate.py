@@ -4,6 +4,8 @@ at a fixed loop depth or with per-token adaptive depth (``--halt kl|maxtoken --t
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 import time
 
 
@@ -18,7 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkpoint", help="checkpoint folder (e.g. runs/x/ckpt)")
     p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--max-new", type=int, default=32, help="tokens to generate")
+    p.add_argument(
+        "--max-new",
+        type=int,
+        default=32,
+        help="tokens to generate (printed as they are made; Ctrl-C stops)",
+    )
     p.add_argument("--loops", type=int, default=8, help="loop depth T")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -49,6 +56,20 @@ def run(args: argparse.Namespace) -> int:
     check_loops(args.loops)
     if args.max_new < 1:
         raise LoopLMError(f"--max-new {args.max_new} must be >= 1")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise LoopLMError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
+    if args.top_k is not None and args.top_k < 1:
+        raise LoopLMError(f"--top-k {args.top_k} must be >= 1 (or left out: the whole vocabulary)")
+    if args.threshold is not None and not args.threshold >= 0:
+        raise LoopLMError(f"--threshold {args.threshold} must be >= 0")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = args.prompt[exc.start].encode("utf-8", "surrogateescape")
+        raise LoopLMError(
+            f"--prompt is not valid UTF-8 text (byte {bad.hex()} at character {exc.start}); "
+            "pass UTF-8 text"
+        ) from None
     if args.halt != "none" and args.threshold is None:
         raise LoopLMError(f"--halt {args.halt} needs --threshold")
     model, cfg, _ = load_checkpoint(args.checkpoint)
@@ -56,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise LoopLMError("--prompt is empty")
+    stream = _Stream(tok)
+    print(args.prompt, end="", flush=True)
     t0 = time.perf_counter()
     out = decode(
         model,
@@ -69,9 +92,11 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         slide=args.slide,
         generator=torch.Generator().manual_seed(args.seed),
+        on_token=stream,
     )
     dt = time.perf_counter() - t0
-    print(tok.decode(out.tokens[0].tolist()))
+    stream.flush()
+    print()
     depth = f"T={args.loops}"
     if args.halt != "none":
         depth = (
@@ -82,3 +107,27 @@ def run(args: argparse.Namespace) -> int:
         f"[{args.max_new} tokens at {depth} in {dt:.2f} s, cache={'off' if args.no_cache else 'on'}]"
     )
     return 0
+
+
+class _Stream:
+    """Prints each new token of the first row as it is made. Text is decoded from the tokens
+    not yet printed, held back while it ends in an incomplete UTF-8 character."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+        self.pending: list[int] = []
+
+    def __call__(self, token) -> None:
+        self.pending.append(int(token[0, 0]))
+        text = self.tok.decode(self.pending)
+        if text.endswith("\ufffd") and len(self.pending) < 4:
+            return  # wait for the rest of a multi-byte character
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        self.pending.clear()
+
+    def flush(self) -> None:
+        if self.pending:
+            sys.stdout.write(self.tok.decode(self.pending))
+            self.pending.clear()
+        sys.stdout.flush()
