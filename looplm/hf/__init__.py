@@ -99,8 +99,10 @@ def export_checkpoint(
             shutil.rmtree(tmp)
         else:
             os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(out)) from exc  # name the export folder
         raise
     return out
 
