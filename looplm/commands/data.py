@@ -112,7 +112,22 @@ def _prepare(args: argparse.Namespace) -> int:
             f"{meta['corpus']} {meta['split']}: {meta['n_tokens']:,} tokens, "
             f"{meta['n_documents']:,} documents, {meta['tokenizer']} -> {cache.bin_path} ({how})"
         )
+    print(_which_models(args.tokenizer, out, default_cache_dir()))
     return 0
+
+
+def _which_models(tokenizer: str, out: Path, default: Path) -> str:
+    """Which training runs read the caches just prepared: a run reads the caches of its own
+    ``model.tokenizer`` from its ``data.cache_dir``."""
+    from looplm.config import PRESETS
+
+    users = sorted(n for n, p in PRESETS.items() if p.get("tokenizer", "gpt2") == tokenizer)
+    other = "gpt2" if tokenizer == "bytes" else "bytes"
+    where = "" if out == default else f" with data.cache_dir={out}"
+    return (
+        f"prepared for runs with model.tokenizer={tokenizer} (presets {', '.join(users)}){where}; "
+        f"a {other} run reads its own caches (prepare them with --tokenizer {other})"
+    )
 
 
 def _info(args: argparse.Namespace) -> int:
