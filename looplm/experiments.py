@@ -209,6 +209,7 @@ def _methods(raw: dict[str, Any], p: Path) -> list[dict[str, Any]]:
 
 def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | None) -> list[RunPlan]:
     """One plan per variant × method × seed, each RunConfig built (and validated)."""
+    from looplm.data.cache import absolute_dataset
     from looplm.evaluate.records import model_hash, protocol_name
 
     base = raw.get("base")
@@ -247,6 +248,8 @@ def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | Non
                 if data_dir and not d.get("data", {}).get("data_dir"):
                     d = merge(d, {"data": {"data_dir": str(data_dir)}})
                 cfg = config_from_dict(d)
+                # the path fit stores (absolute), so a rerun recognises its own checkpoints
+                cfg.data.dataset = absolute_dataset(cfg.data.dataset)
                 proto = protocol_name(cfg, raw.get("protocol"))
                 if vname:
                     proto = f"{proto}-{vname}"

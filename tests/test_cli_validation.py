@@ -88,8 +88,15 @@ def test_report_on_a_one_seed_store_names_the_flags(tmp_path, capsys):
             for depth in (1, 2):
                 st.put(
                     EvalRecord(
-                        model_hash=method, method=method, protocol="p", dataset="d",
-                        split="test", depth=depth, seed=0, n_tokens=100, sum_nll=300.0,
+                        model_hash=method,
+                        method=method,
+                        protocol="p",
+                        dataset="d",
+                        split="test",
+                        depth=depth,
+                        seed=0,
+                        n_tokens=100,
+                        sum_nll=300.0,
                     )
                 )
     assert main(["report", str(path), "--no-figures"]) == 2
@@ -113,8 +120,13 @@ def test_generate_streams_and_does_not_allocate_up_front(ckpt, capsys, monkeypat
 
     monkeypatch.setattr(generate, "next_logits", counted)
     monkeypatch.setattr(
-        torch, "full", lambda *a, **k: pytest.fail("no up-front buffer") if a[0][-1] > 10**6 else
-        torch.ones(*a[:1], **{k_: v for k_, v in k.items() if k_ != "fill_value"}) * a[1]
+        torch,
+        "full",
+        lambda *a, **k: (
+            pytest.fail("no up-front buffer")
+            if a[0][-1] > 10**6
+            else torch.ones(*a[:1], **{k_: v for k_, v in k.items() if k_ != "fill_value"}) * a[1]
+        ),
     )
     code = main(["generate", str(ckpt), "--prompt", "The ", "--max-new", "1000000000"])
     out = capsys.readouterr()

@@ -43,9 +43,10 @@ def test_eval_reports_loss_per_byte(tmp_path, capsys, tokenizer):
     # split `all` is every paragraph; each is followed by end-of-text (0 bytes), and the first
     # token has no context, so the predicted bytes are the text's bytes minus the first token's
     first = get_tokenizer(tokenizer).encode(blocks[0])[0]
-    want = sum(len(b.encode("utf-8")) for b in blocks) - token_byte_lengths(
-        get_tokenizer(tokenizer)
-    )[first]
+    want = (
+        sum(len(b.encode("utf-8")) for b in blocks)
+        - token_byte_lengths(get_tokenizer(tokenizer))[first]
+    )
     for row in res["results"]:
         assert row["n_bytes"] == want
         assert row["nll_per_byte"] == pytest.approx(row["sum_nll"] / want)
@@ -102,4 +103,3 @@ def test_own_text_reaches_the_stated_loss_in_five_minutes(tmp_path, capsys):
     print(f"own_text: {row['nll_per_byte']:.3f} nats/byte in {wall:.0f} s")
     assert row["nll_per_byte"] <= 1.9
     assert wall <= 300
-
