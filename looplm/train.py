@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import json
 import math
 import random
@@ -68,6 +67,7 @@ from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model import model_from_config
 from looplm.model.block import Block
+from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
 
 
@@ -205,48 +205,6 @@ class TrainState:
         return self.wrapped is not None and self.cfg.train.parallel == "fsdp"
 
 
-def check_resume_config(saved: RunConfig, cfg: RunConfig, ckpt: Path | str) -> None:
-    """Raise naming the first model setting that differs between a checkpoint and ``cfg``."""
-    old, new = dataclasses.asdict(saved.model), dataclasses.asdict(cfg.model)
-    for key in new:
-        if old.get(key) != new[key]:
-            raise LoopLMError(
-                f"cannot resume: model.{key}={new[key]!r} differs from the checkpoint's "
-                f"{old.get(key)!r} ({ckpt}); resume with the checkpoint's value, or train into "
-                "a new out_dir"
-            )
-
-
-def check_out_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> None:
-    """Refuse to start a fresh run over a folder that holds a checkpoint unless asked: ``resume``
-    continues it, ``overwrite`` replaces it."""
-    ckpt = Path(cfg.out_dir) / "ckpt"
-    if resume or overwrite or not checkpoint_exists(ckpt):
-        return
-    step = read_meta(ckpt)["state"].get("step", "?")
-    raise LoopLMError(
-        f"{cfg.out_dir} already holds a checkpoint (step {step}); pass --resume to continue it "
-        "or --overwrite to replace it"
-    )
-
-
-def with_absolute_paths(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its data paths absolute (a ``text:`` corpus, ``data_dir``, ``cache_dir``), so
-    the config stored in the run folder and checkpoint reads the same files from any folder."""
-    from looplm.data.cache import absolute_dataset
-
-    def absolute(p: str | None) -> str | None:
-        return str(Path(p).expanduser().resolve()) if p else p
-
-    data = dataclasses.replace(
-        cfg.data,
-        dataset=absolute_dataset(cfg.data.dataset),
-        data_dir=absolute(cfg.data.data_dir),
-        cache_dir=absolute(cfg.data.cache_dir),
-    )
-    return dataclasses.replace(cfg, data=data)
-
-
 def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) -> TrainState:
     """Build model, optimizer and data; restore them from ``<out_dir>/ckpt`` when resuming.
 
@@ -268,14 +226,9 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         if not checkpoint_exists(ckpt):
             raise LoopLMError(f"cannot resume: no checkpoint at {ckpt}")
         model, saved_cfg, meta = load_checkpoint(ckpt, map_location=device)
-        check_resume_config(saved_cfg, cfg, ckpt)
-        model.train()
         step = int(meta["state"]["step"])
-        if step >= cfg.train.steps:
-            raise LoopLMError(
-                f"cannot resume: {ckpt} is at step {step} and train.steps={cfg.train.steps} asks "
-                f"for no more; pass train.steps=N with N > {step} to train on"
-            )
+        check_resume_config(saved_cfg, cfg, ckpt, step)
+        model.train()
     else:
         model = model_from_config(cfg.model).to(device)
     if dist.enabled:
@@ -471,30 +424,10 @@ def _open_metrics(out: Path, resume_step: int):
 StepCallback = Callable[[TrainState, dict[str, Any]], "bool | None"]
 
 
-def progress_line(m: dict[str, Any], total: int) -> str:
-    """One log-friendly line for a logged step: ``step 50/300 loss 2.412 T=4 …``."""
-    parts = [f"step {m['step']}/{total}"]
-    if "loss" in m:
-        parts.append(f"loss {m['loss']:.4f}")
-    if "loops" in m:
-        parts.append(f"T={m['loops']}")
-    if "val_loss" in m:
-        parts.append(f"val_loss {m['val_loss']:.4f} (T={m.get('val_loops')})")
-    if "val_accuracy" in m:
-        parts.append(f"val_acc {m['val_accuracy']:.3f}")
-    if "tok_per_s" in m:
-        parts.append(f"{m['tok_per_s']:,.0f} tok/s")
-    if "elapsed_s" in m:
-        parts.append(f"{m['elapsed_s']:.0f} s")
-    return "  ".join(parts)
-
-
 class _RunLog:
     """Where a run's numbers go: the progress bar, metrics.jsonl and TensorBoard (rank 0)."""
 
-    def __init__(
-        self, ts: TrainState, cfg: RunConfig, progress: bool | None, quiet: bool = False
-    ) -> None:
+    def __init__(self, ts: TrainState, cfg: RunConfig, progress: bool | None, quiet: bool) -> None:
         from tqdm.auto import tqdm
 
         out = Path(cfg.out_dir)
@@ -520,8 +453,6 @@ class _RunLog:
             desc=f"train {cfg.model.recurrence}",
             dynamic_ncols=True,
         )
-        # Without a bar (stderr not a terminal: a log file, a pipe, a job scheduler) a plain line
-        # per logged step shows progress; ``quiet`` callers (demo, sweep) keep their own output.
         self.lines = main and not bar and not quiet and progress is not False
         self.total = cfg.train.steps
 

@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from looplm.config import load_config
     from looplm.errors import LoopLMError
-    from looplm.train import check_out_dir, fit
+    from looplm.run_folder import check_out_dir
+    from looplm.train import fit
 
     if args.resume and args.overwrite:
         raise LoopLMError("--resume continues <out_dir>/ckpt and --overwrite replaces it; pick one")
