@@ -145,7 +145,9 @@ def parse_key_values(
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as exc:
-            raise LoopLMError(f"{what} {item!r}: cannot parse value ({yaml_problem(exc)})") from None
+            raise LoopLMError(
+                f"{what} {item!r}: cannot parse value ({yaml_problem(exc)})"
+            ) from None
         node = out
         parts = key.strip().split(".")
         for p in parts[:-1]:

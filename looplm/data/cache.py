@@ -455,14 +455,14 @@ def get_split_tokens(
 
 
 def predicted_bytes(tokens: np.ndarray, tokenizer_name: str, max_tokens: int | None = None) -> int:
-    """UTF-8 bytes of text that the targets of :func:`eval_windows` stand for (tokens 1..n of
-    the split, capped at ``max_tokens``; end-of-text counts 0), the denominator of a loss per
-    byte, which compares models with different tokenizers."""
+    """UTF-8 bytes of text that the evaluation windows' targets stand for (tokens 1..n of the
+    split, capped at ``max_tokens``; end-of-text counts 0), the denominator of a loss per byte,
+    which compares models with different tokenizers."""
     from looplm.data.tokenizers import token_byte_lengths
 
-    tokens = _as_array(tokens)
     n_pred = len(tokens) - 1
     if max_tokens is not None:
         n_pred = min(n_pred, max_tokens)
     lengths = np.asarray(token_byte_lengths(get_tokenizer(tokenizer_name)), dtype=np.int64)
-    return int(lengths[np.asarray(tokens[1 : n_pred + 1], dtype=np.int64)].sum())
+    targets = np.asarray(tokens[1 : n_pred + 1], dtype=np.int64)  # a memmap or a tensor
+    return int(lengths[targets].sum())
