@@ -248,6 +248,7 @@ def _sample(
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
+# long: one decoding loop over its four paths (uncached, prefill, cached, adaptive), top to bottom
 @torch.no_grad()
 def decode(
     model: nn.Module,

@@ -32,9 +32,9 @@ def test_eval_reports_loss_per_byte(tmp_path, capsys, tokenizer):
     blocks = [f"Paragraph {i} about the mill, café and river." for i in range(30)]
     text = tmp_path / "t.txt"
     text.write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+    vocab = get_tokenizer(tokenizer).vocab_size
     extra = [f"data.dataset=text:{text}", f"data.cache_dir={tmp_path / 'c'}"]
-    if tokenizer == "gpt2":
-        extra += ["model.tokenizer=gpt2", "model.vocab_size=50257"]
+    extra += [f"model.tokenizer={tokenizer}", f"model.vocab_size={vocab}"]
     assert train_cli(tmp_path, str(tmp_path / "run"), 1, *extra) == 0
     capsys.readouterr()
     ckpt = str(tmp_path / "run" / "ckpt")

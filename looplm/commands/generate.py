@@ -56,22 +56,7 @@ def run(args: argparse.Namespace) -> int:
     check_loops(args.loops)
     if args.max_new < 1:
         raise LoopLMError(f"--max-new {args.max_new} must be >= 1")
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise LoopLMError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
-    if args.top_k is not None and args.top_k < 1:
-        raise LoopLMError(f"--top-k {args.top_k} must be >= 1 (or left out: the whole vocabulary)")
-    if args.threshold is not None and not args.threshold >= 0:
-        raise LoopLMError(f"--threshold {args.threshold} must be >= 0")
-    try:
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = args.prompt[exc.start].encode("utf-8", "surrogateescape")
-        raise LoopLMError(
-            f"--prompt is not valid UTF-8 text (byte {bad.hex()} at character {exc.start}); "
-            "pass UTF-8 text"
-        ) from None
-    if args.halt != "none" and args.threshold is None:
-        raise LoopLMError(f"--halt {args.halt} needs --threshold")
+    _check_sampling(args)
     model, cfg, _ = load_checkpoint(args.checkpoint)
     tok = get_tokenizer(cfg.model.tokenizer)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long)
@@ -107,6 +92,28 @@ def run(args: argparse.Namespace) -> int:
         f"[{args.max_new} tokens at {depth} in {dt:.2f} s, cache={'off' if args.no_cache else 'on'}]"
     )
     return 0
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """One-line errors for sampling settings and a prompt that is not UTF-8 text."""
+    from looplm.errors import LoopLMError
+
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise LoopLMError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
+    if args.top_k is not None and args.top_k < 1:
+        raise LoopLMError(f"--top-k {args.top_k} must be >= 1 (or left out: the whole vocabulary)")
+    if args.threshold is not None and not args.threshold >= 0:
+        raise LoopLMError(f"--threshold {args.threshold} must be >= 0")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = args.prompt[exc.start].encode("utf-8", "surrogateescape")
+        raise LoopLMError(
+            f"--prompt is not valid UTF-8 text (byte {bad.hex()} at character {exc.start}); "
+            "pass UTF-8 text"
+        ) from None
+    if args.halt != "none" and args.threshold is None:
+        raise LoopLMError(f"--halt {args.halt} needs --threshold")
 
 
 class _Stream:
