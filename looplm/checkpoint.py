@@ -106,6 +106,30 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    try:
+        _write_folder(tmp, model, cfg, optimizer, state)
+    except BaseException:
+        # a full disk, a read-only folder or a kill: the previous checkpoint stays as it was
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old.exists():
+        shutil.rmtree(old)
+    return path
+
+
+def _write_folder(
+    tmp: Path,
+    model: torch.nn.Module,
+    cfg: RunConfig | dict,
+    optimizer: torch.optim.Optimizer | None,
+    state: dict[str, Any] | None,
+) -> None:
+    """The checkpoint's files, written into the temporary folder ``tmp`` (state.json last)."""
     files: dict[str, dict[str, Any]] = {}
     blob = st_save(_state_tensors(model))
     atomic_write_bytes(tmp / "model.safetensors", blob)
@@ -125,14 +149,6 @@ def save_checkpoint(
         "state": state or {},
     }
     atomic_write_json(tmp / "state.json", meta)  # last: a complete folder has its state.json
-    if path.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old.exists():
-        shutil.rmtree(old)
-    return path
 
 
 def _read_verified(path: Path, name: str, info: dict[str, Any]) -> bytes:

@@ -2,7 +2,8 @@
 
 Each command lives in ``looplm/commands/<name>.py`` and exposes ``register(subparsers)``.
 Bad input (:class:`looplm.errors.LoopLMError`) becomes one line on stderr and exit status 2,
-never a traceback.
+never a traceback; a storage fault (``OSError``: full disk, read-only folder, no permission)
+becomes one line naming the path and exit status 1.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import os
 import sys
 
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, describe_os_error
 
 COMMAND_MODULES = [
     "looplm.commands.train",
@@ -80,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     except LoopLMError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # storage faults (full disk, read-only folder, no permission): one line naming the path;
+        # whatever was finished before the fault (checkpoints, store rows, printed results) stays
+        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

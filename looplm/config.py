@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, yaml_problem
 from looplm.settings import build_settings, merge, parse_key_values
 
 GPT2_VOCAB = 50257
@@ -335,7 +335,7 @@ def load_config(path_or_name: str | None, overrides: list[str] | None = None) ->
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise LoopLMError(f"config {path}: not valid YAML ({exc})") from None
+            raise LoopLMError(f"config {path}: not valid YAML ({yaml_problem(exc)})") from None
         if not isinstance(loaded, dict):
             raise LoopLMError(f"config {path}: top level must be a mapping")
         raw = loaded

@@ -38,7 +38,10 @@ def parse_depths(text: str) -> list[int]:
     try:
         for part in (p.strip() for p in text.split(",")):
             if not part:
-                continue
+                raise LoopLMError(
+                    f"--depths {text!r}: empty item between commas; give integers or ranges "
+                    "like 1,2,4 or 1-48"
+                )
             if "-" in part[1:]:
                 lo, hi = part.split("-", 1) if not part.startswith("-") else ("", "")
                 a, b = int(lo), int(hi)

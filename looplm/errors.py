@@ -7,6 +7,8 @@ the bad value and what is allowed. The CLI prints it as one line and exits with 
 
 from __future__ import annotations
 
+import errno
+
 
 class LoopLMError(ValueError):
     """Bad input from the user; the message says what was wrong and what is allowed."""
@@ -18,7 +20,33 @@ def check_choice(kind: str, value: object, allowed: list[str] | tuple[str, ...])
         raise LoopLMError(f"unknown {kind} {value!r}; allowed: {', '.join(map(str, allowed))}")
 
 
+def yaml_problem(exc: Exception) -> str:
+    """A YAML parse error as one line: where (line, column) and what."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
+
+
 def check_positive_int(name: str, value: object) -> None:
     """Raise LoopLMError unless ``value`` is an int ≥ 1 (a bool is not a count)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise LoopLMError(f"{name}={value!r} must be a positive integer")
+
+
+_FAULTS = {
+    errno.ENOSPC: "no space left on the device: free some space or write elsewhere",
+    errno.EDQUOT: "disk quota exceeded: free some space or write elsewhere",
+    errno.EROFS: "read-only file system: choose a writable folder",
+    errno.EACCES: "permission denied: choose a folder you can write to",
+    errno.EPERM: "operation not permitted: choose a folder you can write to",
+}
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for a storage fault (full disk, read-only media, no permission, …): the path
+    involved and what the fault means, without a traceback."""
+    where = exc.filename if exc.filename is not None else None
+    what = _FAULTS.get(exc.errno or -1) or (exc.strerror or str(exc) or type(exc).__name__)
+    msg = " ".join(str(what).split())
+    return f"{where}: {msg}" if where else msg

@@ -33,7 +33,7 @@ import yaml
 
 from looplm.config import UNSHARED, RunConfig, config_from_dict, parse_overrides
 from looplm.device import depth_list, progress_enabled
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, yaml_problem
 from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys, check_settings
 from looplm.grid import (
     EvaluateSettings,
@@ -171,7 +171,7 @@ def _load_with_parents(
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise LoopLMError(f"experiment config {p}: not valid YAML ({exc})") from None
+        raise LoopLMError(f"experiment config {p}: not valid YAML ({yaml_problem(exc)})") from None
     raw = dict(check_settings(ExperimentSettings, raw, "experiment"))
     parent = raw.pop("extends", None)
     if parent is None:
@@ -209,6 +209,7 @@ def _methods(raw: dict[str, Any], p: Path) -> list[dict[str, Any]]:
 
 def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | None) -> list[RunPlan]:
     """One plan per variant × method × seed, each RunConfig built (and validated)."""
+    from looplm.data.cache import absolute_dataset
     from looplm.evaluate.records import model_hash, protocol_name
 
     base = raw.get("base")
@@ -247,6 +248,8 @@ def _run_plans(raw: dict[str, Any], p: Path, out_root: Path, data_dir: str | Non
                 if data_dir and not d.get("data", {}).get("data_dir"):
                     d = merge(d, {"data": {"data_dir": str(data_dir)}})
                 cfg = config_from_dict(d)
+                # the path fit stores (absolute), so a rerun recognises its own checkpoints
+                cfg.data.dataset = absolute_dataset(cfg.data.dataset)
                 proto = protocol_name(cfg, raw.get("protocol"))
                 if vname:
                     proto = f"{proto}-{vname}"
@@ -270,6 +273,32 @@ def _evaluate_section(raw: dict[str, Any]) -> dict[str, Any]:
     return ev
 
 
+def _check_report(rep: dict[str, Any], runs: list[RunPlan]) -> None:
+    """The ``report`` section's values, checked before any training (the report comes last)."""
+    from looplm.results.stats import SEED_SET_NAMES, resolve_seed_set
+
+    seeds = rep.get("seeds", "auto")
+    if isinstance(seeds, str) and seeds not in SEED_SET_NAMES:
+        raise LoopLMError(
+            f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list of seed ids"
+        )
+    if not isinstance(seeds, (str, list)):
+        raise LoopLMError(f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list")
+    resolve_seed_set(seeds)
+    for key in ("train_depth_max", "n_boot"):
+        v = rep.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise LoopLMError(f"report.{key}={v!r} must be a positive integer")
+    if not isinstance(rep.get("allow_incomplete", False), bool):
+        raise LoopLMError(f"report.allow_incomplete={rep['allow_incomplete']!r} must be true/false")
+    methods = sorted({p.method for p in runs})
+    ref = rep.get("reference", "scse")
+    if "reference" in rep and ref not in methods:
+        raise LoopLMError(
+            f"report.reference={ref!r} is not a method of this grid; allowed: {', '.join(methods)}"
+        )
+
+
 def load_experiment(
     path: str | os.PathLike, data_dir: str | None = None, *, full: bool = False
 ) -> Experiment:
@@ -283,6 +312,7 @@ def load_experiment(
     runs = _run_plans(raw, p, out_root, data_dir)
     ev = _evaluate_section(raw)
     rep = check_settings(ReportSettings, raw.get("report") or {}, "report")
+    _check_report(rep, runs)
     threads = raw.get("torch_threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise LoopLMError(f"torch_threads={threads!r} must be a positive integer or null")
@@ -387,21 +417,48 @@ def evaluate_run(
 
 
 # ----------------------------------------------------------------------------- driver
+LOCK_NAME = ".sweep.lock"  # per run folder: one sweep process trains a cell at a time
+
+
 def _train_all(exp: Experiment, summary: dict[str, Any], show: bool) -> bool:
-    """Train every run (skipping finished ones); False when a signal interrupted training."""
+    """Train every run (skipping finished ones); False when a signal interrupted training.
+
+    Each cell is trained under a lock in its run folder, so several ``looplm sweep`` processes
+    on one grid share the cells: a cell another process is training is passed over, and waited
+    for at the end (then it is finished and skipped, or resumed if that process stopped)."""
+    from looplm.io import file_lock
+
     n = len(exp.runs)
+    busy: list[tuple[int, RunPlan]] = []
     for i, plan in enumerate(exp.runs, 1):
-        t0 = time.perf_counter()
-        _log(f"[train {i}/{n}] {plan.label} ({plan.cfg.train.steps} steps) → {plan.run_dir}")
-        status = train_run(plan, progress=show)
-        dt = time.perf_counter() - t0
-        summary["timings"][f"train {plan.label}"] = dt
-        _log(f"[train {i}/{n}] {plan.label}: {status} in {dt:.1f} s")
-        if status.startswith("interrupted:"):  # the checkpoint is written; rerun to resume
-            summary["interrupted"] = int(status.split(":")[1])
-            return False
-        key = "skipped_training" if status == "skipped" else status
-        summary[key] = summary.get(key, 0) + 1
+        with file_lock(plan.run_dir / LOCK_NAME, wait=False) as held:
+            if not held:
+                _log(f"[train {i}/{n}] {plan.label}: another process is training it; later")
+                busy.append((i, plan))
+                continue
+            if not _train_one(i, n, plan, summary, show):
+                return False
+    for i, plan in busy:
+        _log(f"[train {i}/{n}] {plan.label}: waiting for the other process …")
+        with file_lock(plan.run_dir / LOCK_NAME):
+            if not _train_one(i, n, plan, summary, show):
+                return False
+    return True
+
+
+def _train_one(i: int, n: int, plan: RunPlan, summary: dict[str, Any], show: bool) -> bool:
+    """Train one cell (its lock held); False when a signal interrupted it."""
+    t0 = time.perf_counter()
+    _log(f"[train {i}/{n}] {plan.label} ({plan.cfg.train.steps} steps) → {plan.run_dir}")
+    status = train_run(plan, progress=show)
+    dt = time.perf_counter() - t0
+    summary["timings"][f"train {plan.label}"] = dt
+    _log(f"[train {i}/{n}] {plan.label}: {status} in {dt:.1f} s")
+    if status.startswith("interrupted:"):  # the checkpoint is written; rerun to resume
+        summary["interrupted"] = int(status.split(":")[1])
+        return False
+    key = "skipped_training" if status == "skipped" else status
+    summary[key] = summary.get(key, 0) + 1
     return True
 
 

@@ -57,6 +57,7 @@ states. Ordinary generation gives identical tokens with and without the cache (t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -368,6 +369,7 @@ def _prefill(model: nn.Module, ids: torch.Tensor, loops: int, halting: Halting, 
     return cache, logits, torch.full_like(ids, loops) if halt else None
 
 
+# long: one decoding loop over its four paths (uncached, prefill, cached, adaptive), top to bottom
 @torch.no_grad()
 def decode(
     model: nn.Module,
@@ -383,6 +385,7 @@ def decode(
     slide: int = 1,
     generator: torch.Generator | None = None,
     prefill_halt: bool = False,
+    on_token: Callable[[torch.Tensor], object] | None = None,
 ) -> Generation:
     """Continue ``ids`` (B, L) by ``max_new_tokens`` tokens (see the module docstring).
 
@@ -390,6 +393,8 @@ def decode(
     tokens the window advances when it is full (cached path). Prompts of one batch share a length
     (the model has no padding mask). ``prefill_halt``: the prompt's tokens halt by the same rule
     as generated ones (frozen states, as the per-token evaluation), instead of all running T.
+    ``on_token(next)`` is called with each new (B, 1) token as soon as it is chosen (streaming);
+    memory grows with the tokens made, not with ``max_new_tokens``.
     """
     from looplm.model.lm import check_loops
 
@@ -409,24 +414,39 @@ def decode(
             "adaptive depth in generation runs on the KV-cached path of a looped model "
             "(use_cache=True, recurrence != unshared)"
         )
-    out, cache, logits, prompt_loops = ids, None, None, None
-    depths = torch.full((ids.shape[0], max_new_tokens), loops, dtype=torch.long, device=ids.device)
-    for i in range(max_new_tokens):
+    B = ids.shape[0]
+    window = ids[:, -context:]  # the last `context` tokens: all any next prediction reads
+    new: list[torch.Tensor] = []  # (B, 1) each; grown as tokens are made
+    depths: list[torch.Tensor] = []
+    cache, logits, prompt_loops = None, None, None
+    for _ in range(max_new_tokens):
+        depth = torch.full((B,), loops, dtype=torch.long, device=ids.device)
         if not cached:
-            logits = next_logits(model, out[:, -context:], loops, None)
+            logits = next_logits(model, window, loops, None)
         elif logits is None or cache.length >= context:  # (re-)prefill the window
             keep, first = (context, True) if logits is None else (context - slide + 1, False)
-            cache, logits, d = _prefill(model, out[:, -keep:], loops, halting, prefill_halt)
+            cache, logits, d = _prefill(model, window[:, -keep:], loops, halting, prefill_halt)
             if d is not None:
-                depths[:, i] = d[:, -1]
+                depth = d[:, -1]
                 prompt_loops = d if first else prompt_loops
         elif halting.rule == "none":
-            logits = next_logits(model, out[:, -1:], loops, cache)
+            logits = next_logits(model, window[:, -1:], loops, cache)
         else:
-            logits, d = adaptive_next_logits(model, out[:, -1:], loops, cache, halting)
-            depths[:, i] = d[:, -1]
-        out = torch.cat([out, _sample(logits, temperature, top_k, generator)], dim=1)
-    return Generation(out, depths, prompt_loops)
+            logits, d = adaptive_next_logits(model, window[:, -1:], loops, cache, halting)
+            depth = d[:, -1]
+        token = _sample(logits, temperature, top_k, generator)
+        window = torch.cat([window, token], dim=1)[:, -context:]
+        new.append(token)
+        depths.append(depth)
+        if on_token is not None:
+            on_token(token)
+    out = torch.cat([ids, *new], dim=1)
+    loops_made = (
+        torch.stack(depths, dim=1)
+        if depths
+        else torch.zeros((B, 0), dtype=torch.long, device=ids.device)
+    )
+    return Generation(out, loops_made, prompt_loops)
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ import ast
 import copy
 import dataclasses
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -27,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, yaml_problem
 
 _UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))
 
@@ -68,11 +69,13 @@ def coerce(value: Any, typ: Any, key: str) -> Any:
     if typ is float:
         if isinstance(value, str):  # YAML 1.1 reads "3e-3" as a string
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise LoopLMError(f"{key}={value!r} must be a number")
+        if not math.isfinite(value):
+            raise LoopLMError(f"{key}={value!r} must be a finite number")
         return float(value)
     if typ is str:
         return value if isinstance(value, str) else str(value)
@@ -142,7 +145,9 @@ def parse_key_values(
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as exc:
-            raise LoopLMError(f"{what} {item!r}: cannot parse value ({exc})") from None
+            raise LoopLMError(
+                f"{what} {item!r}: cannot parse value ({yaml_problem(exc)})"
+            ) from None
         node = out
         parts = key.strip().split(".")
         for p in parts[:-1]:

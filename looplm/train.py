@@ -67,6 +67,7 @@ from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model import model_from_config
 from looplm.model.block import Block
+from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
 
 
@@ -225,12 +226,9 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         if not checkpoint_exists(ckpt):
             raise LoopLMError(f"cannot resume: no checkpoint at {ckpt}")
         model, saved_cfg, meta = load_checkpoint(ckpt, map_location=device)
-        if saved_cfg.model != cfg.model:
-            raise LoopLMError(
-                f"cannot resume: the model config differs from the checkpoint's ({ckpt})"
-            )
-        model.train()
         step = int(meta["state"]["step"])
+        check_resume_config(saved_cfg, cfg, ckpt, step)
+        model.train()
     else:
         model = model_from_config(cfg.model).to(device)
     if dist.enabled:
@@ -429,7 +427,7 @@ StepCallback = Callable[[TrainState, dict[str, Any]], "bool | None"]
 class _RunLog:
     """Where a run's numbers go: the progress bar, metrics.jsonl and TensorBoard (rank 0)."""
 
-    def __init__(self, ts: TrainState, cfg: RunConfig, progress: bool | None) -> None:
+    def __init__(self, ts: TrainState, cfg: RunConfig, progress: bool | None, quiet: bool) -> None:
         from tqdm.auto import tqdm
 
         out = Path(cfg.out_dir)
@@ -447,19 +445,24 @@ class _RunLog:
                     "train.tensorboard=true needs `pip install looplm[tensorboard]`"
                 ) from None
             self.tb = SummaryWriter(str(out / "tb"))
+        bar = progress_enabled(progress) and main
         self.bar = tqdm(
             total=cfg.train.steps,
             initial=ts.step,
-            disable=not progress_enabled(progress) or not main,
+            disable=not bar,
             desc=f"train {cfg.model.recurrence}",
             dynamic_ncols=True,
         )
+        self.lines = main and not bar and not quiet and progress is not False
+        self.total = cfg.train.steps
 
     def step(self, m: dict[str, Any]) -> None:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{m['loss']:.3f}", T=m["loops"])
 
     def write(self, m: dict[str, Any], step: int) -> None:
+        if self.lines:
+            print(progress_line(m, self.total), file=sys.stderr, flush=True)
         if self.metrics_f:
             self.metrics_f.write(json.dumps(m) + "\n")
             self.metrics_f.flush()
@@ -525,6 +528,7 @@ def fit(
     (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
     validation then, and ``fit(cfg, resume=True)`` continues exactly.
     """
+    cfg = with_absolute_paths(cfg)
     ts = setup(cfg, resume=resume)
     try:
         return _fit(ts, cfg, progress, quiet, list(callbacks))
@@ -553,7 +557,7 @@ def _fit(
     quiet: bool,
     callbacks: list[StepCallback],
 ) -> dict[str, Any]:
-    log = _RunLog(ts, cfg, progress)
+    log = _RunLog(ts, cfg, progress, quiet)
     flag = _StopFlag()
     old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
     meter = _Meter(ts, cfg)

@@ -17,8 +17,11 @@ os.environ.setdefault("LOOPLM_NO_PROGRESS", "1")
 
 
 def data_dir() -> Path:
-    """The shared real-data folder: $LOOPLM_DATA_DIR or <repo>/../shared/data."""
-    return Path(os.environ.get("LOOPLM_DATA_DIR", REPO.parent / "shared" / "data"))
+    """The shared real-data folder by looplm's own lookup ($LOOPLM_DATA_DIR, then
+    <repo>/../shared/data); that folder, possibly missing, when neither exists."""
+    from looplm.data.cache import default_data_dir
+
+    return default_data_dir() or REPO.parent / "shared" / "data"
 
 
 def require_data(*parts: str) -> Path:

@@ -334,5 +334,5 @@ def test_info_reports_a_damaged_cache(small_wiki, tmp_path, data_cli, capsys):
     cache = prepare("wikitext-2", "validation", "bytes", small_wiki, out)
     with open(cache.bin_path, "ab") as f:
         f.write(b"\0\0")
-    assert data_cli(["data", "info", str(out)]) == 0
+    assert data_cli(["data", "info", str(out)]) == 1  # a damaged cache is a failure: scripts see it
     assert "[corrupt (token file has" in capsys.readouterr().out

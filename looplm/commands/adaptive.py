@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, check_positive_int
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -103,6 +103,8 @@ def format_table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.batch_size is not None:
+        check_positive_int("--batch-size", args.batch_size)
     from looplm.device import parse_depths
     from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
     from looplm.evaluate.records import adaptive_records, eval_tag

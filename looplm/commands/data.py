@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from looplm.errors import LoopLMError
@@ -111,7 +112,22 @@ def _prepare(args: argparse.Namespace) -> int:
             f"{meta['corpus']} {meta['split']}: {meta['n_tokens']:,} tokens, "
             f"{meta['n_documents']:,} documents, {meta['tokenizer']} -> {cache.bin_path} ({how})"
         )
+    print(_which_models(args.tokenizer, out, default_cache_dir()))
     return 0
+
+
+def _which_models(tokenizer: str, out: Path, default: Path) -> str:
+    """Which training runs read the caches just prepared: a run reads the caches of its own
+    ``model.tokenizer`` from its ``data.cache_dir``."""
+    from looplm.config import PRESETS
+
+    users = sorted(n for n, p in PRESETS.items() if p.get("tokenizer", "gpt2") == tokenizer)
+    other = "gpt2" if tokenizer == "bytes" else "bytes"
+    where = "" if out == default else f" with data.cache_dir={out}"
+    return (
+        f"prepared for runs with model.tokenizer={tokenizer} (presets {', '.join(users)}){where}; "
+        f"a {other} run reads its own caches (prepare them with --tokenizer {other})"
+    )
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -136,4 +152,13 @@ def _info(args: argparse.Namespace) -> int:
         )
         print(f"  source {src.get('kind')}: {where}  rule {m.get('rule')}")
         print(f"  looplm {m.get('looplm_version')}  created {m.get('created')}")
+    bad = [m for m in caches if m["status"] != "ok"]
+    if bad:
+        print(
+            f"error: {len(bad)} of {len(caches)} caches are damaged or stale "
+            f"(first: {Path(bad[0]['bin_path']).name}: {bad[0]['status']}); `looplm data prepare` "
+            "rebuilds them",
+            file=sys.stderr,
+        )
+        return 1
     return 0

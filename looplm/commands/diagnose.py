@@ -215,6 +215,10 @@ def _print_table(rows: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from looplm.errors import check_positive_int
+
+    check_positive_int("--batch-size", args.batch_size)
+
     from looplm.device import resolve_device
     from looplm.io import atomic_write_json
 

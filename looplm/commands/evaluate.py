@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from looplm.device import parse_depths
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, check_positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from looplm.io import atomic_write_json
 
     depths = parse_depths(args.depths)
+    for flag, value in (("--batch-size", args.batch_size), ("--max-tokens", args.max_tokens)):
+        if value is not None:
+            check_positive_int(flag, value)
     if args.lambada:
         if args.dataset or args.split:
             raise LoopLMError("--lambada evaluates LAMBADA's test split; drop --dataset/--split")
@@ -91,11 +95,19 @@ def run(args: argparse.Namespace) -> int:
 
         cfg = config_from_dict(read_meta(args.checkpoint)["config"])
         tag = eval_tag(args.tag, max_tokens=result.get("max_tokens"))
-    if args.store:
-        result["store"] = _store(args, result, cfg, tag)
+        _add_per_byte(result, cfg, args)
+    # The results are printed and written before the store is touched: a store that cannot be
+    # written (full disk, read-only) loses nothing that was computed.
     if args.out:
         atomic_write_json(args.out, result)
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2), flush=True)
+    if args.store:
+        stored = _store(args, result, cfg, tag)
+        print(
+            f"stored {stored['rows']} rows in {stored['path']} (eval_tag {tag!r}, model_hash "
+            f"{stored['model_hash']}, protocol {stored['protocol']})",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -126,3 +138,26 @@ def _store(args: argparse.Namespace, result: dict, cfg, tag: str) -> dict:
         "model_hash": records[0].model_hash,
         "protocol": records[0].protocol,
     }
+
+
+def _add_per_byte(result: dict, cfg, args: argparse.Namespace) -> None:
+    """Loss per byte of text next to the loss per token of every depth (``nll_per_byte``), so
+    models with different tokenizers compare; corpora only (a task has no text bytes)."""
+    from looplm.data.cache import get_split_tokens, predicted_bytes
+    from looplm.data.synthetic import TASKS
+
+    data = cfg.data
+    dataset = args.dataset or data.dataset
+    if dataset in TASKS or any("accuracy" in r for r in result["results"]):
+        return
+    tokens = get_split_tokens(
+        dataset,
+        args.split or data.eval_split,
+        cfg.model.tokenizer,
+        args.data_dir or data.data_dir,
+        data.cache_dir,
+    )
+    n_bytes = predicted_bytes(tokens, cfg.model.tokenizer, result.get("max_tokens"))
+    for row in result["results"]:
+        row["n_bytes"] = n_bytes
+        row["nll_per_byte"] = row["sum_nll"] / max(n_bytes, 1)

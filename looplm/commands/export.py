@@ -20,7 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--loops", type=int, default=None, help="default loop depth T (default: train.depth_max)"
     )
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous export in OUT (its own files only; other files stay)",
+    )
     p.add_argument(
         "--standalone",
         action="store_true",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 import time
 from pathlib import Path
 
@@ -50,7 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--stop-at-eot", action="store_true", help="end a sequence at the end-of-text token"
     )
     p.add_argument("--out", help="--prompts: write the JSON lines here instead of stdout")
-    p.add_argument("--max-new", type=int, default=32, help="tokens to generate")
+    p.add_argument(
+        "--max-new",
+        type=int,
+        default=32,
+        help="tokens to generate (printed as they are made; Ctrl-C stops)",
+    )
     p.add_argument("--loops", type=int, default=8, help="loop depth T")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -86,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     check_loops(args.loops)
     if args.max_new < 1:
         raise LoopLMError(f"--max-new {args.max_new} must be >= 1")
-    if args.halt != "none" and args.threshold is None:
-        raise LoopLMError(f"--halt {args.halt} needs --threshold")
+    _check_sampling(args)
     model, cfg, _ = load_checkpoint(args.checkpoint)
     tok = get_tokenizer(cfg.model.tokenizer)
     if args.prompts is not None:
@@ -95,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise LoopLMError("--prompt is empty")
+    stream = _Stream(tok)
+    print(args.prompt, end="", flush=True)
     t0 = time.perf_counter()
     out = decode(
         model,
@@ -109,9 +117,11 @@ def run(args: argparse.Namespace) -> int:
         slide=args.slide,
         generator=torch.Generator().manual_seed(args.seed),
         prefill_halt=args.prefill_halt,
+        on_token=stream,
     )
     dt = time.perf_counter() - t0
-    print(tok.decode(out.tokens[0].tolist()))
+    stream.flush()
+    print()
     depth = f"T={args.loops}"
     if args.halt != "none":
         depth = (
@@ -227,3 +237,50 @@ def run_many(args: argparse.Namespace, model, tok) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """One-line errors for sampling settings and a prompt that is not UTF-8 text."""
+    from looplm.errors import LoopLMError
+
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise LoopLMError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
+    if args.top_k is not None and args.top_k < 1:
+        raise LoopLMError(f"--top-k {args.top_k} must be >= 1 (or left out: the whole vocabulary)")
+    if args.threshold is not None and not args.threshold >= 0:
+        raise LoopLMError(f"--threshold {args.threshold} must be >= 0")
+    try:
+        if args.prompt is not None:
+            args.prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = args.prompt[exc.start].encode("utf-8", "surrogateescape")
+        raise LoopLMError(
+            f"--prompt is not valid UTF-8 text (byte {bad.hex()} at character {exc.start}); "
+            "pass UTF-8 text"
+        ) from None
+    if args.halt != "none" and args.threshold is None:
+        raise LoopLMError(f"--halt {args.halt} needs --threshold")
+
+
+class _Stream:
+    """Prints each new token of the first row as it is made. Text is decoded from the tokens
+    not yet printed, held back while it ends in an incomplete UTF-8 character."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+        self.pending: list[int] = []
+
+    def __call__(self, token) -> None:
+        self.pending.append(int(token[0, 0]))
+        text = self.tok.decode(self.pending)
+        if text.endswith("\ufffd") and len(self.pending) < 4:
+            return  # wait for the rest of a multi-byte character
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        self.pending.clear()
+
+    def flush(self) -> None:
+        if self.pending:
+            sys.stdout.write(self.tok.decode(self.pending))
+            self.pending.clear()
+        sys.stdout.flush()

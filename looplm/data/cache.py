@@ -64,6 +64,32 @@ _BATCH_DOCS = 2048
 _BATCH_CHARS = 1 << 22  # 4 Mi characters per encode_batch call
 
 
+def default_data_dir() -> Path | None:
+    """The data folder used when none is named: ``$LOOPLM_DATA_DIR``, else ``shared/data`` beside
+    a source checkout of looplm (``<repository>/../shared/data``) when it exists, else None.
+
+    The one precedence order for a data folder, everywhere one is looked up: the folder named for
+    the run (``--data-dir``, ``data.data_dir`` in a config, an override or the checkpoint's
+    config), then ``$LOOPLM_DATA_DIR``, then ``../shared/data`` beside the checkout, then the
+    online path (HF ``datasets``).
+    """
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    repo = Path(__file__).resolve().parents[2]
+    beside = repo.parent / "shared" / "data"
+    return beside if (repo / "pyproject.toml").is_file() and beside.is_dir() else None
+
+
+def absolute_dataset(name: str) -> str:
+    """A local text corpus name with its path made absolute (``text:/abs/path``), so a run's
+    stored config reads the same file from any working folder; other names pass unchanged."""
+    if not is_local_text(name):
+        return name
+    raw = name.removeprefix("text:")
+    return "text:" + str(Path(raw).expanduser().resolve())
+
+
 def default_cache_dir() -> Path:
     """``$LOOPLM_CACHE_DIR`` or ``~/.cache/looplm``."""
     env = os.environ.get(CACHE_DIR_ENV)
@@ -413,15 +439,30 @@ def get_split_tokens(
 ) -> np.ndarray:
     """Token ids of one split as a memmap, prepared on first use and reused afterwards.
 
-    ``data_dir`` (default ``$LOOPLM_DATA_DIR``) is a folder laid out like the shared data
-    (``data_dir/wikitext-2`` ...); without one the corpus is read online (HF ``datasets``).
+    ``data_dir`` (default :func:`default_data_dir`: ``$LOOPLM_DATA_DIR``, then ``../shared/data``
+    beside the checkout) is a folder laid out like the shared data (``data_dir/wikitext-2`` ...);
+    without one the corpus is read online (HF ``datasets``).
     Local text corpora (``text:<path>``) ignore ``data_dir``. ``cache_dir`` defaults to
     ``$LOOPLM_CACHE_DIR`` or ``~/.cache/looplm``.
     """
     check_corpus_name(dataset)
     source = None
     if not is_local_text(dataset):
-        data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
+        data_dir = data_dir or default_data_dir()
         if data_dir:
             source = shared_source(data_dir, dataset, split)
     return prepare(dataset, split, tokenizer, source, cache_dir, counts=counts).tokens
+
+
+def predicted_bytes(tokens: np.ndarray, tokenizer_name: str, max_tokens: int | None = None) -> int:
+    """UTF-8 bytes of text that the evaluation windows' targets stand for (tokens 1..n of the
+    split, capped at ``max_tokens``; end-of-text counts 0), the denominator of a loss per byte,
+    which compares models with different tokenizers."""
+    from looplm.data.tokenizers import token_byte_lengths
+
+    n_pred = len(tokens) - 1
+    if max_tokens is not None:
+        n_pred = min(n_pred, max_tokens)
+    lengths = np.asarray(token_byte_lengths(get_tokenizer(tokenizer_name)), dtype=np.int64)
+    targets = np.asarray(tokens[1 : n_pred + 1], dtype=np.int64)  # a memmap or a tensor
+    return int(lengths[targets].sum())

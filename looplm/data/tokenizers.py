@@ -223,3 +223,18 @@ def get_tokenizer(name: str, path: str | os.PathLike | None = None) -> Tokenizer
             raise LoopLMError("the bytes tokenizer takes no path (it needs no files)")
         return ByteTokenizer()
     return _load_gpt2(_gpt2_files(resolve_gpt2_path(path).resolve()))
+
+
+def token_byte_lengths(tok: Tokenizer) -> list[int]:
+    """How many UTF-8 bytes of text each token id stands for (end-of-text: 0), so a loss per
+    token converts to a loss per byte: ``nats/byte = Σ NLL / Σ bytes of the predicted tokens``.
+
+    Bytes: 1 for ids 0..255. GPT-2: its byte-level BPE writes every byte as one character of the
+    token's vocabulary string, so the string's length is the byte count.
+    """
+    if isinstance(tok, ByteTokenizer):
+        return [1] * 256 + [0]
+    backend = tok.backend
+    lengths = [len(backend.id_to_token(i) or "") for i in range(tok.vocab_size)]
+    lengths[tok.eot_id] = 0
+    return lengths

@@ -31,6 +31,16 @@ from looplm.errors import LoopLMError
 
 HERE = Path(__file__).resolve().parent
 CODE_FILES = ("configuration_looplm.py", "modeling_looplm.py")
+# Everything an export writes (``--overwrite`` replaces these and leaves other files alone).
+EXPORT_FILES = (
+    "model.safetensors",
+    *CODE_FILES,
+    "generation_config.json",
+    "README.md",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "config.json",
+)
 EOT_IDS = {"bytes": 256, "gpt2": 50256}  # end-of-text of each tokenizer (looplm.data.tokenizers)
 
 __all__ = ["export_checkpoint", "hf_config", "write_tokenizer"]
@@ -73,21 +83,66 @@ def export_checkpoint(
 ) -> Path:
     """Write the export folder ``out`` for ``checkpoint`` (atomically: a temporary folder renamed
     into place). ``loops`` defaults to the training ceiling ``train.depth_max``; ``standalone``
-    writes model code that needs no looplm where the folder is loaded."""
-    from safetensors.torch import save_file
-
+    writes model code that needs no looplm where the folder is loaded. ``overwrite`` replaces a
+    previous export's own files (:data:`EXPORT_FILES`) and leaves any other file in ``out``
+    alone; a folder that is not a looplm export is refused."""
     from looplm.checkpoint import load_checkpoint
     from looplm.model.lm import check_loops
 
     out = Path(out)
     if out.exists() and not overwrite:
         raise LoopLMError(f"{out} exists (pass overwrite=True / --overwrite to replace it)")
+    if out.exists():
+        _check_replaceable(out)
     model, cfg, _ = load_checkpoint(checkpoint)
     T = check_loops(int(loops) if loops is not None else int(cfg.train.depth_max))
     tmp = out.with_name(f".{out.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    try:
+        _write_export(tmp, model, cfg, T, checkpoint, standalone)
+        if out.exists():  # a previous export: replace its own files, keep anything else there
+            for name in EXPORT_FILES:
+                os.replace(tmp / name, out / name)
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(out)) from exc  # name the export folder
+        raise
+    return out
+
+
+def _check_replaceable(out: Path) -> None:
+    """``--overwrite`` replaces a previous export's own files only; refuse anything else."""
+    if not out.is_dir():
+        raise LoopLMError(f"{out} exists and is not a folder; choose another output folder")
+    cfg_file = out / "config.json"
+    if not cfg_file.exists():
+        if any(out.iterdir()):
+            raise LoopLMError(
+                f"{out} is not empty and holds no looplm export (no config.json); --overwrite "
+                "replaces only a previous export's files: choose another output folder"
+            )
+        return
+    try:
+        model_type = json.loads(cfg_file.read_text(encoding="utf-8")).get("model_type")
+    except (ValueError, AttributeError, OSError):
+        model_type = None
+    if model_type != "looplm":
+        raise LoopLMError(
+            f"{cfg_file} is not a looplm export's (model_type {model_type!r}); --overwrite "
+            "replaces only a previous export's files: choose another output folder"
+        )
+
+
+def _write_export(tmp: Path, model, cfg, T: int, checkpoint, standalone: bool = False) -> None:
+    """The export's files (:data:`EXPORT_FILES`) into the folder ``tmp``."""
+    from safetensors.torch import save_file
+
     config = hf_config(cfg.model, T)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
@@ -105,10 +160,6 @@ def export_checkpoint(
         (tmp / "modeling_looplm.py").write_text(standalone_source(), encoding="utf-8")
     write_tokenizer(tmp, cfg.model.tokenizer, cfg.model.context)
     (tmp / "README.md").write_text(_card(cfg, T, checkpoint, standalone))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
 
 
 def bytes_to_unicode() -> dict[int, str]:

@@ -263,7 +263,9 @@ def check_seed_set(
         req_txt = f"required seed set {list(req)}" if req is not None else "no required seed set"
         raise LoopLMError(
             f"seed integrity check failed{where}: {check.problem()} "
-            f"({req_txt}; seeds present {sorted(present)})"
+            f"({req_txt}; seeds present {sorted(present)}); report the seeds there are with "
+            "--seeds all (a sweep: report.seeds: all) or mark incomplete summaries with "
+            "--allow-incomplete (report.allow_incomplete: true)"
         )
     return check
 

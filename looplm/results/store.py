@@ -252,6 +252,8 @@ class ResultsStore:
         synchronous: SQLite ``synchronous`` level: ``"FULL"`` (default: every commit is on disk
             before ``put`` returns) or ``"NORMAL"`` (faster; in WAL mode a power loss may drop
             the latest commits but never corrupts the file).
+        read_only: open an existing store for reading only (what reports do): it is never
+            created or changed, and it reads on read-only media and without write permission.
     """
 
     def __init__(
@@ -262,8 +264,11 @@ class ResultsStore:
         timeout: float = 10.0,
         retry_deadline: float = 120.0,
         synchronous: str = "FULL",
+        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.read_only = bool(read_only)
+        create = create and not self.read_only
         if synchronous not in ("NORMAL", "FULL"):
             raise LoopLMError(f"unknown synchronous mode {synchronous!r}; allowed: NORMAL, FULL")
         self.synchronous = synchronous
@@ -289,17 +294,37 @@ class ResultsStore:
     def _connection(self) -> sqlite3.Connection:
         # A connection must not cross a fork: reopen in a child process.
         if self._conn is None or self._pid != os.getpid():
-            conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+            if self.read_only:
+                conn = self._read_only_connection()
+            else:
+                conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+                conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             self._conn, self._pid = conn, os.getpid()
         return self._conn
+
+    def _read_only_connection(self) -> sqlite3.Connection:
+        """``mode=ro``; where even that cannot open the file (a WAL store on read-only media,
+        whose shared-memory file cannot be created) ``immutable=1``, which reads the file as it
+        is on disk."""
+        uri = self.path.resolve().as_uri()
+        try:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=self.timeout)
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:
+            return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=self.timeout)
 
     def _retry(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         deadline = time.monotonic() + self.retry_deadline
         delay = 0.01
         while True:
-            conn = self._connection()
+            try:
+                conn = self._connection()
+            except sqlite3.Error as exc:
+                raise LoopLMError(
+                    f"results store {str(self.path)!r}: cannot open it ({exc})"
+                ) from exc
             try:
                 return fn(conn)
             except sqlite3.OperationalError as exc:
@@ -346,6 +371,8 @@ class ResultsStore:
             if row is not None:
                 self._check_version(row[0])
                 return
+        if self.read_only:
+            raise LoopLMError(f"{str(self.path)!r} is not a looplm results store (no evaluations)")
         if (
             "evaluations" not in tables
             and conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
@@ -528,7 +555,7 @@ def load_records(path: str | os.PathLike) -> list[EvalRecord]:
     with open(path, "rb") as f:
         head = f.read(16)
     if head == _SQLITE_MAGIC:
-        with ResultsStore(path, create=False) as store:
+        with ResultsStore(path, read_only=True) as store:
             return store.query()
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
