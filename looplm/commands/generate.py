@@ -17,6 +17,7 @@ from pathlib import Path
 PROMPT_KEYS = ("prompt", "max_new", "temperature", "top_k", "seed")
 
 
+# long: the argument list of one-prompt and many-prompt generation, one add_argument per option
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
