@@ -375,6 +375,23 @@ def eval_kinds() -> list[str]:
     return kind_names()
 
 
+def eval_job(exp: Any, plan: Any, **kw: Any) -> Any:
+    """The evaluation job of one grid cell (``plan``) of experiment ``exp``; ``kw`` sets the
+    job's other fields (device, progress)."""
+    from looplm.evaluate.kinds import EvalJob
+
+    return EvalJob(
+        cfg=plan.cfg,
+        protocol=plan.protocol,
+        checkpoint=plan.ckpt,
+        model_hash=plan.model_hash,
+        evaluate=exp.evaluate,
+        data_dir=exp.data_dir,
+        sweep_protocol=plan.sweep_protocol,
+        **kw,
+    )
+
+
 def evaluate_run(
     plan: RunPlan,
     exp: Experiment,
@@ -391,18 +408,9 @@ def evaluate_run(
     """
     import torch
 
-    from looplm.evaluate.kinds import EvalJob, configure_kinds
+    from looplm.evaluate.kinds import configure_kinds
 
-    job = EvalJob(
-        cfg=plan.cfg,
-        protocol=plan.protocol,
-        checkpoint=plan.ckpt,
-        model_hash=plan.model_hash,
-        evaluate=exp.evaluate,
-        data_dir=exp.data_dir,
-        progress=progress,
-        sweep_protocol=plan.sweep_protocol,
-    )
+    job = eval_job(exp, plan, progress=progress)
     written = skipped = 0
     with torch.no_grad():
         for kind in configure_kinds(exp.evaluate):

@@ -119,7 +119,8 @@ def grid_cost(exp: Any) -> Cost:
 def grid_status(exp: Any) -> dict[str, Any]:
     """How far an experiment's grid is: finished checkpoints and stored evaluations."""
     from looplm.checkpoint import read_meta
-    from looplm.evaluate.kinds import EvalJob, configure_kinds
+    from looplm.evaluate.kinds import configure_kinds
+    from looplm.experiments import eval_job
     from looplm.results.store import ResultsStore
 
     kinds = configure_kinds(exp.evaluate)
@@ -140,16 +141,7 @@ def grid_status(exp: Any) -> dict[str, Any]:
             step = int(read_meta(plan.ckpt)["state"].get("step", 0))
             done = step >= plan.cfg.train.steps
         trained += done
-        job = EvalJob(
-            cfg=plan.cfg,
-            protocol=plan.protocol,
-            checkpoint=plan.ckpt,
-            model_hash=plan.model_hash,
-            evaluate=exp.evaluate,
-            data_dir=exp.data_dir,
-            device="cpu",
-            sweep_protocol=plan.sweep_protocol,
-        )
+        job = eval_job(exp, plan, device="cpu")
         for kind in kinds:
             for ident in kind.identities(job):
                 wanted += 1
