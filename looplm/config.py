@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from looplm.errors import LoopLMError, yaml_problem
-from looplm.settings import build_settings, merge, parse_key_values
+from looplm.settings import build_settings, load_yaml, merge, parse_key_values
 
 GPT2_VOCAB = 50257
 BYTE_VOCAB = 257  # 256 byte values + end-of-text (id 256)
@@ -333,7 +333,7 @@ def load_config(path_or_name: str | None, overrides: list[str] | None = None) ->
     if path_or_name:
         path = resolve_config_path(path_or_name)
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = load_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise LoopLMError(f"config {path}: not valid YAML ({yaml_problem(exc)})") from None
         if not isinstance(loaded, dict):

@@ -42,7 +42,7 @@ from looplm.grid import (
     ReportSettings,
     VariantSettings,
 )
-from looplm.settings import merge
+from looplm.settings import load_yaml, merge
 
 _TOP_KEYS = {f.name for f in dataclasses.fields(ExperimentSettings)}
 
@@ -169,7 +169,7 @@ def _load_with_parents(
     that entry: default methods from the default entries, ``full`` methods from the ``full``
     entries first."""
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = load_yaml(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise LoopLMError(f"experiment config {p}: not valid YAML ({yaml_problem(exc)})") from None
     raw = dict(check_settings(ExperimentSettings, raw, "experiment"))

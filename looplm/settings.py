@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import inspect
 import math
+import re
 import textwrap
 import types
 import typing
@@ -31,6 +32,26 @@ import yaml
 from looplm.errors import LoopLMError, yaml_problem
 
 _UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with only true/false as booleans: YAML 1.1 also reads on/off/yes/no as booleans,
+    which turned ``train.autocast=off`` into the string 'False'."""
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with only true/false read as booleans (``off``, ``no`` stay strings)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def coerce(value: Any, typ: Any, key: str) -> Any:
@@ -143,7 +164,7 @@ def parse_key_values(
             raise LoopLMError(f"{what} {item!r} must look like key=value (e.g. {example})")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError as exc:
             raise LoopLMError(
                 f"{what} {item!r}: cannot parse value ({yaml_problem(exc)})"

@@ -11,6 +11,7 @@ import torch
 from test_faults import one_line_error, train_cli, write_text
 
 from looplm.cli import main
+from looplm.errors import LoopLMError
 from looplm.results.store import EvalRecord, ResultsStore
 
 
@@ -146,3 +147,16 @@ def test_generate_streamed_text_is_the_decoded_continuation(ckpt, capsys):
     ids = torch.tensor([tok.encode("The ")])
     assert streamed == tok.decode(decode(model, ids, 12).tokens[0].tolist()).split("\n")[0]
     json.dumps(streamed)
+
+
+def test_off_and_no_stay_words_in_overrides_and_config_files(tmp_path) -> None:
+    # YAML 1.1 reads off/on/yes/no as booleans: `train.autocast=off` became the string 'False'
+    from looplm.config import load_config
+
+    cfg = load_config("tiny_bool", ["train.autocast=off", "train.compile=false"])
+    assert cfg.train.autocast == "off" and cfg.train.compile is False
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {preset: tiny}\ntrain: {autocast: off, steps: 3}\n")
+    assert load_config(str(path)).train.autocast == "off"
+    with pytest.raises(LoopLMError, match="train.compile='yes' must be true or false"):
+        load_config("tiny_bool", ["train.compile=yes"])

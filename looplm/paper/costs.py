@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from looplm.paper.entries import (
     CPU_FLOPS,
     H200_MFU,
@@ -19,6 +17,7 @@ from looplm.paper.entries import (
     _default_data_dir,
     catalogue,
 )
+from looplm.settings import load_yaml
 
 
 def _eval_tokens(cap: int | None, dataset: str) -> int:
@@ -80,7 +79,7 @@ def measured_cpu_rate(out_roots: list[Path]) -> float | None:
             metrics = cfg_path.parent / "metrics.jsonl"
             if not metrics.is_file():
                 continue
-            cfg = config_from_dict(yaml.safe_load(cfg_path.read_text()))
+            cfg = config_from_dict(load_yaml(cfg_path.read_text()))
             if cfg.train.device != "cpu":
                 continue
             n, dt = _step_rate(metrics)

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from looplm.errors import LoopLMError
+from looplm.settings import load_yaml
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "paper"
 ENTRY_IDS = (
@@ -135,7 +136,7 @@ def load_entry(path: str | os.PathLike) -> Entry:
 
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = load_yaml(p.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise LoopLMError(f"paper config {p}: cannot be read ({exc})") from None
     meta = dict(check_keys(raw.get("paper"), PAPER_KEYS, f"{p.name}: paper"))
