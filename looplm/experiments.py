@@ -473,34 +473,68 @@ def _train_one(i: int, n: int, plan: RunPlan, summary: dict[str, Any], show: boo
 def _evaluate_all(
     exp: Experiment, summary: dict[str, Any], show: bool, redo: frozenset[str]
 ) -> None:
-    """Evaluate every finished run into the store (what it already holds is skipped)."""
-    from looplm.checkpoint import read_meta
+    """Evaluate every finished run into the store (what it already holds is skipped).
+
+    Each cell is evaluated under its run folder's lock, as in training, so two sweep processes
+    on one grid split the evaluations instead of both computing every one."""
+    from looplm.io import file_lock
     from looplm.results.store import ResultsStore
 
     n = len(exp.runs)
+    busy: list[tuple[int, RunPlan]] = []
     with ResultsStore(exp.store) as store:
         for i, plan in enumerate(exp.runs, 1):
-            if not plan.has_checkpoint:
-                _log(f"[eval {i}/{n}] {plan.label}: no checkpoint, skipped")
+            if not _evaluable(i, n, plan):
                 continue
-            step = int(read_meta(plan.ckpt)["state"].get("step", 0))
-            if step < plan.cfg.train.steps:  # never store results of a half-trained model
-                _log(
-                    f"[eval {i}/{n}] {plan.label}: checkpoint at step {step} of "
-                    f"{plan.cfg.train.steps} (unfinished), skipped"
-                )
-                continue
-            t0 = time.perf_counter()
-            _log(f"[eval {i}/{n}] {plan.label} …")
-            res = evaluate_run(plan, exp, store, progress=show, redo=redo)
-            dt = time.perf_counter() - t0
-            summary["timings"][f"eval {plan.label}"] = dt
-            summary["rows_written"] += res["written"]
-            summary["evals_skipped"] += res["skipped"]
-            _log(
-                f"[eval {i}/{n}] {plan.label}: {res['written']} rows written, "
-                f"{res['skipped']} already in the store ({dt:.1f} s)"
-            )
+            with file_lock(plan.run_dir / LOCK_NAME, wait=False) as held:
+                if not held:
+                    _log(f"[eval {i}/{n}] {plan.label}: another process holds it; later")
+                    busy.append((i, plan))
+                    continue
+                _evaluate_one(i, n, plan, exp, store, summary, show, redo)
+        for i, plan in busy:
+            with file_lock(plan.run_dir / LOCK_NAME):
+                _evaluate_one(i, n, plan, exp, store, summary, show, redo)
+
+
+def _evaluable(i: int, n: int, plan: RunPlan) -> bool:
+    """Whether the cell has a finished checkpoint (else say why it is skipped)."""
+    from looplm.checkpoint import read_meta
+
+    if not plan.has_checkpoint:
+        _log(f"[eval {i}/{n}] {plan.label}: no checkpoint, skipped")
+        return False
+    step = int(read_meta(plan.ckpt)["state"].get("step", 0))
+    if step < plan.cfg.train.steps:  # never store results of a half-trained model
+        _log(
+            f"[eval {i}/{n}] {plan.label}: checkpoint at step {step} of "
+            f"{plan.cfg.train.steps} (unfinished), skipped"
+        )
+        return False
+    return True
+
+
+def _evaluate_one(
+    i: int,
+    n: int,
+    plan: RunPlan,
+    exp: Experiment,
+    store: Any,
+    summary: dict[str, Any],
+    show: bool,
+    redo: frozenset[str],
+) -> None:
+    t0 = time.perf_counter()
+    _log(f"[eval {i}/{n}] {plan.label} …")
+    res = evaluate_run(plan, exp, store, progress=show, redo=redo)
+    dt = time.perf_counter() - t0
+    summary["timings"][f"eval {plan.label}"] = dt
+    summary["rows_written"] += res["written"]
+    summary["evals_skipped"] += res["skipped"]
+    _log(
+        f"[eval {i}/{n}] {plan.label}: {res['written']} rows written, "
+        f"{res['skipped']} already in the store ({dt:.1f} s)"
+    )
 
 
 def run_experiment(

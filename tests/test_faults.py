@@ -388,6 +388,55 @@ def test_concurrent_sweeps_share_the_grid(tmp_path, monkeypatch):
     assert trained == [exp.runs[1].label, f"other:{first.label}", first.label]
 
 
+def test_concurrent_sweeps_split_the_evaluations(tmp_path, monkeypatch):
+    """Evaluation takes the cell's lock too: a cell another process is evaluating is passed
+    over, then waited for, and evaluated once more only for what the store still lacks."""
+    from looplm import experiments
+    from looplm.io import file_lock
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        textwrap.dedent(
+            f"""
+            name: g
+            out_root: {tmp_path / "runs"}
+            base: {{model: {{preset: tiny}}, train: {{steps: 2}}}}
+            methods: [scse, looped]
+            seeds: [0]
+            evaluate: {{depths: [1]}}
+            """
+        )
+    )
+    exp = experiments.load_experiment(grid)
+    for plan in exp.runs:
+        plan.run_dir.mkdir(parents=True)
+    monkeypatch.setattr(experiments, "_evaluable", lambda i, n, plan: True)
+    seen: list[str] = []
+    monkeypatch.setattr(
+        experiments,
+        "evaluate_run",
+        lambda plan, exp, store, progress=None, redo=(): (
+            seen.append(plan.label) or {"written": 1, "skipped": 0}
+        ),
+    )
+    first = exp.runs[0]
+    other_has_it = threading.Event()
+
+    def other_process() -> None:
+        with file_lock(first.run_dir / experiments.LOCK_NAME):
+            other_has_it.set()
+            time.sleep(0.5)
+            seen.append(f"other:{first.label}")
+
+    t = threading.Thread(target=other_process)
+    t.start()
+    other_has_it.wait()
+    summary = {"timings": {}, "rows_written": 0, "evals_skipped": 0}
+    experiments._evaluate_all(exp, summary, show=False, redo=frozenset())
+    t.join()
+    assert seen == [exp.runs[1].label, f"other:{first.label}", first.label]
+
+
 @pytest.mark.parametrize(
     "report, named",
     [
