@@ -16,6 +16,7 @@ import io
 import re
 from pathlib import Path
 
+from looplm.commands import checkpoint_data
 from looplm.errors import LoopLMError
 
 
@@ -30,19 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="checkpoint folder(s)")
-    p.add_argument(
-        "--data",
-        help="corpus (e.g. wikitext-2, a local text file) or synthetic task (bool_logic); "
+    checkpoint_data.add_data_options(
+        p,
+        data_help="corpus (e.g. wikitext-2, a local text file) or synthetic task (bool_logic); "
         "default: the checkpoint's own data config",
+        split_help="split to draw inputs from (default: the run's eval split)",
     )
-    p.add_argument("--data-dir", help="folder with local corpora (e.g. ../shared/data)")
-    p.add_argument("--cache-dir", help="token cache folder")
-    p.add_argument("--split", help="split to draw inputs from (default: the run's eval split)")
     p.add_argument("--out", default="runs/diagnostics", help="output folder")
     p.add_argument("--loops", type=int, default=48, help="unroll depth T (default 48)")
     p.add_argument("--batches", type=int, default=2, help="measured batches (default 2)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per batch (default 4)")
-    p.add_argument("--seq-len", type=int, help="window length for corpora (default: context)")
     p.add_argument("--store", help="results store (.sqlite) to add one row per checkpoint to")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument(
@@ -128,30 +126,16 @@ def _entries(checkpoints: list[str]) -> list[tuple[str, str, str]]:
 def _diagnose_one(args: argparse.Namespace, ck: str, method: str, label: str, dev, dtype):
     """Diagnose one checkpoint: (results written to <out>/<label>/, its config, its arrays)."""
     from looplm.checkpoint import load_checkpoint
-    from looplm.diagnostics.inputs import load_batches
     from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
     from looplm.evaluate.records import model_hash
 
     model, cfg, meta = load_checkpoint(ck, map_location=dev)
     model = model.to(dtype).eval()
-    batches, data_info, pad_id = load_batches(
-        cfg,
-        dataset=args.data,
-        split=args.split,
-        data_dir=args.data_dir,
-        cache_dir=args.cache_dir,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        n_batches=args.batches,
-        seed=cfg.train.seed,
+    batches, data_info, pad_id = checkpoint_data.load_data_batches(
+        cfg, args, batch_size=args.batch_size, n_batches=args.batches, seed=cfg.train.seed
     )
-    tokenizer, tok_note = None, None
-    try:
-        from looplm.data import get_tokenizer
-
-        tokenizer = get_tokenizer(cfg.model.tokenizer)
-    except LoopLMError as exc:  # token types are then reported as "other"
-        tok_note = str(exc)
+    # without a tokenizer, token types are reported as "other"
+    tokenizer, tok_note = checkpoint_data.checkpoint_tokenizer(cfg)
     opts = DiagnoseOptions(
         loops=args.loops,
         kl_threshold=args.kl_threshold,
@@ -223,8 +207,7 @@ def run(args: argparse.Namespace) -> int:
     from looplm.io import atomic_write_json
 
     _check_args(args)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    checkpoint_data.set_threads(args.threads)
     dev = resolve_device(args.device)
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out_dir = Path(args.out)

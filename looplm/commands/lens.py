@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from looplm.commands import checkpoint_data
 from looplm.errors import LoopLMError
 
 
@@ -68,11 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated dose-responses: swap, steer, project (default swap; '' for none)",
     )
     p.add_argument("--no-composition", action="store_true", help="skip the one-step Jacobians")
-    p.add_argument("--data", help="corpus or synthetic task (default: the checkpoint's own)")
-    p.add_argument("--data-dir", help="folder with local corpora (e.g. ../shared/data)")
-    p.add_argument("--cache-dir", help="token cache folder")
-    p.add_argument("--split", help="split to draw prompts from (default: the run's eval split)")
-    p.add_argument("--seq-len", type=int, help="window length for corpora (default: context)")
+    checkpoint_data.add_data_options(
+        p,
+        data_help="corpus or synthetic task (default: the checkpoint's own)",
+        split_help="split to draw prompts from (default: the run's eval split)",
+    )
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batch (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of probes, subsamples, bootstrap")
     p.add_argument("--threads", type=int, help="CPU threads for torch")
@@ -100,20 +101,10 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _batches(cfg, args, n_prompts: int, n_eval: int):
     """Disjoint fitting and held-out batches from one stream of the checkpoint's data."""
-    from looplm.diagnostics.inputs import load_batches
-
     bs = min(args.batch_size, n_prompts, n_eval)
     n_fit, n_ev = -(-n_prompts // bs), -(-n_eval // bs)
-    batches, info, pad_id = load_batches(
-        cfg,
-        dataset=args.data,
-        split=args.split,
-        data_dir=args.data_dir,
-        cache_dir=args.cache_dir,
-        batch_size=bs,
-        seq_len=args.seq_len,
-        n_batches=n_fit + n_ev,
-        seed=args.seed + 1,
+    batches, info, pad_id = checkpoint_data.load_data_batches(
+        cfg, args, batch_size=bs, n_batches=n_fit + n_ev, seed=args.seed + 1
     )
     if len(batches) < n_fit + n_ev:
         raise LoopLMError(
@@ -124,15 +115,12 @@ def _batches(cfg, args, n_prompts: int, n_eval: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from looplm.checkpoint import load_checkpoint
     from looplm.diagnostics.lens import JacobianLens
     from looplm.diagnostics.lens_run import LensOptions, analyse_lens
 
     _check_args(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    checkpoint_data.set_threads(args.threads)
     model, cfg, _ = load_checkpoint(args.checkpoint)
     looped = cfg.model.is_looped
     loops = args.loops or (cfg.train.depth_max if looped else cfg.model.n_layers)
@@ -162,13 +150,8 @@ def run(args: argparse.Namespace) -> int:
     opts.validate(model)
     fit_b, eval_b, info, pad_id = _batches(cfg, args, args.prompts, args.eval_prompts)
     opts.corpus = f"{info['dataset']}/{info['split']}"
-    tokenizer = None
-    try:
-        from looplm.data import get_tokenizer
-
-        tokenizer = get_tokenizer(cfg.model.tokenizer)
-    except LoopLMError:
-        pass  # the slice then shows token ids
+    # without a tokenizer the slice shows token ids
+    tokenizer, _ = checkpoint_data.checkpoint_tokenizer(cfg)
     result = analyse_lens(
         model, fit_b, eval_b, args.out, opts, pad_id=pad_id, tokenizer=tokenizer, lens=lens
     )
