@@ -34,6 +34,40 @@ def require_data(*parts: str) -> Path:
     return path
 
 
+# The models the Hugging Face export tests export: recurrence, then settings.
+HF_VARIANTS: dict[str, tuple[str, ...]] = {
+    "scse": ("scse",),
+    "step_conditioned": ("step_conditioned",),
+    "hyper_scse": ("hyper_scse",),
+    "unshared": ("unshared", "model.n_layers=2"),
+    "scse_rope_prelude_core2_coda": (
+        "scse",
+        "model.positions=rope",
+        "model.prelude_layers=1",
+        "model.core_layers=2",
+        "model.coda_layers=1",
+    ),
+}
+
+
+def tiny_checkpoint(folder: Path, recurrence: str = "scse", *overrides: str):
+    """A tiny_wt2 model of ``recurrence`` (dropout 0, moved away from its init so that the head
+    and the loop matter) saved to ``folder``: (checkpoint path, the model in eval mode)."""
+    from looplm.checkpoint import save_checkpoint
+    from looplm.config import load_config
+    from looplm.model import model_from_config
+
+    cfg = load_config(
+        "tiny_wt2", [f"model.recurrence={recurrence}", "model.dropout=0.0", *overrides]
+    )
+    torch.manual_seed(0)
+    model = model_from_config(cfg.model).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return save_checkpoint(folder, model, cfg), model
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
 

@@ -11,49 +11,24 @@ pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install 'looplm[hf]' or '.[test]')"
 )
 
+from conftest import HF_VARIANTS, tiny_checkpoint  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from looplm.checkpoint import save_checkpoint  # noqa: E402
-from looplm.config import load_config  # noqa: E402
 from looplm.generate import generate  # noqa: E402
 from looplm.hf import export_checkpoint  # noqa: E402
-from looplm.model import model_from_config  # noqa: E402
 
 
 def _checkpoint(tmp_path, recurrence: str = "scse", *overrides: str):
-    cfg = load_config(
-        "tiny_wt2", [f"model.recurrence={recurrence}", "model.dropout=0.0", *overrides]
-    )
-    torch.manual_seed(0)
-    model = model_from_config(cfg.model).eval()
-    with torch.no_grad():  # away from the init so the head and the loop matter
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn_like(p))
-    return save_checkpoint(tmp_path / "ck", model, cfg), model
+    return tiny_checkpoint(tmp_path / "ck", recurrence, *overrides)
 
 
 def _load(path):
     return AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True).eval()
 
 
-VARIANTS = {
-    "scse": ("scse",),
-    "step_conditioned": ("step_conditioned",),
-    "hyper_scse": ("hyper_scse",),
-    "unshared": ("unshared", "model.n_layers=2"),
-    "scse_rope_prelude_core2_coda": (
-        "scse",
-        "model.positions=rope",
-        "model.prelude_layers=1",
-        "model.core_layers=2",
-        "model.coda_layers=1",
-    ),
-}
-
-
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(HF_VARIANTS))
 def test_exported_model_has_looplm_logits_and_greedy_tokens(tmp_path, variant: str) -> None:
-    recurrence, *extra = VARIANTS[variant]
+    recurrence, *extra = HF_VARIANTS[variant]
     ck, model = _checkpoint(tmp_path, recurrence, *extra)
     out = export_checkpoint(ck, tmp_path / "hf", loops=4)
     config = json.loads((out / "config.json").read_text())

@@ -17,26 +17,15 @@ pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install 'looplm[hf]' or '.[test]')"
 )
 
-from looplm.checkpoint import save_checkpoint  # noqa: E402
-from looplm.config import load_config  # noqa: E402
+from conftest import HF_VARIANTS, tiny_checkpoint  # noqa: E402
+
 from looplm.data import get_tokenizer  # noqa: E402
 from looplm.generate import generate  # noqa: E402
 from looplm.hf import export_checkpoint, write_tokenizer  # noqa: E402
 from looplm.hf.standalone import standalone_source  # noqa: E402
-from looplm.model import model_from_config, recurrence_names  # noqa: E402
+from looplm.model import recurrence_names  # noqa: E402
 
-VARIANTS = {
-    "scse": ("scse",),
-    "hyper_scse": ("hyper_scse",),
-    "unshared": ("unshared", "model.n_layers=2"),
-    "scse_rope_prelude_core2_coda": (
-        "scse",
-        "model.positions=rope",
-        "model.prelude_layers=1",
-        "model.core_layers=2",
-        "model.coda_layers=1",
-    ),
-}
+VARIANTS = {k: v for k, v in HF_VARIANTS.items() if k != "step_conditioned"}
 TEXTS = ["Hello world", "  caf\u00e9 \u2014 na\u00efve \U0001f600<|endoftext|>x\n\tend", ""]
 
 # Runs in a fresh interpreter (-I: no PYTHONPATH, no user site) with every path that holds a
@@ -97,14 +86,7 @@ CHILD = textwrap.dedent(
 
 
 def _checkpoint(tmp_path, name: str):
-    recurrence, *extra = VARIANTS[name]
-    cfg = load_config("tiny_wt2", [f"model.recurrence={recurrence}", "model.dropout=0.0", *extra])
-    torch.manual_seed(0)
-    model = model_from_config(cfg.model).eval()
-    with torch.no_grad():  # away from the init so the head and the loop matter
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn_like(p))
-    return save_checkpoint(tmp_path / f"ck_{name}", model, cfg), model
+    return tiny_checkpoint(tmp_path / f"ck_{name}", *VARIANTS[name])
 
 
 def test_standalone_folder_loads_without_looplm(tmp_path) -> None:
