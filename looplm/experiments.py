@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from looplm.grid import (
     MethodSettings,
     ReportSettings,
     VariantSettings,
+    check_report,
 )
 from looplm.settings import load_yaml, merge
 
@@ -273,32 +274,6 @@ def _evaluate_section(raw: dict[str, Any]) -> dict[str, Any]:
     return ev
 
 
-def _check_report(rep: dict[str, Any], runs: list[RunPlan]) -> None:
-    """The ``report`` section's values, checked before any training (the report comes last)."""
-    from looplm.results.stats import SEED_SET_NAMES, resolve_seed_set
-
-    seeds = rep.get("seeds", "auto")
-    if isinstance(seeds, str) and seeds not in SEED_SET_NAMES:
-        raise LoopLMError(
-            f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list of seed ids"
-        )
-    if not isinstance(seeds, (str, list)):
-        raise LoopLMError(f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list")
-    resolve_seed_set(seeds)
-    for key in ("train_depth_max", "n_boot"):
-        v = rep.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise LoopLMError(f"report.{key}={v!r} must be a positive integer")
-    if not isinstance(rep.get("allow_incomplete", False), bool):
-        raise LoopLMError(f"report.allow_incomplete={rep['allow_incomplete']!r} must be true/false")
-    methods = sorted({p.method for p in runs})
-    ref = rep.get("reference", "scse")
-    if "reference" in rep and ref not in methods:
-        raise LoopLMError(
-            f"report.reference={ref!r} is not a method of this grid; allowed: {', '.join(methods)}"
-        )
-
-
 def load_experiment(
     path: str | os.PathLike, data_dir: str | None = None, *, full: bool = False
 ) -> Experiment:
@@ -312,7 +287,7 @@ def load_experiment(
     runs = _run_plans(raw, p, out_root, data_dir)
     ev = _evaluate_section(raw)
     rep = check_settings(ReportSettings, raw.get("report") or {}, "report")
-    _check_report(rep, runs)
+    check_report(rep, runs)
     threads = raw.get("torch_threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise LoopLMError(f"torch_threads={threads!r} must be a positive integer or null")
@@ -428,30 +403,36 @@ def evaluate_run(
 LOCK_NAME = ".sweep.lock"  # per run folder: one sweep process trains a cell at a time
 
 
-def _train_all(exp: Experiment, summary: dict[str, Any], show: bool) -> bool:
-    """Train every run (skipping finished ones); False when a signal interrupted training.
-
-    Each cell is trained under a lock in its run folder, so several ``looplm sweep`` processes
-    on one grid share the cells: a cell another process is training is passed over, and waited
-    for at the end (then it is finished and skipped, or resumed if that process stopped)."""
+def _each_cell_locked(
+    what: str, cells: list[tuple[int, RunPlan]], n: int, fn: Callable[[int, RunPlan], bool]
+) -> bool:
+    """``fn(i, plan)`` for every cell under its run folder's lock, so several ``looplm sweep``
+    processes on one grid share the cells: a cell another process holds is passed over, and
+    waited for at the end (then what it finished is skipped). False as soon as ``fn`` is."""
     from looplm.io import file_lock
 
-    n = len(exp.runs)
     busy: list[tuple[int, RunPlan]] = []
-    for i, plan in enumerate(exp.runs, 1):
+    for i, plan in cells:
         with file_lock(plan.run_dir / LOCK_NAME, wait=False) as held:
             if not held:
-                _log(f"[train {i}/{n}] {plan.label}: another process is training it; later")
+                _log(f"[{what} {i}/{n}] {plan.label}: another process holds it; later")
                 busy.append((i, plan))
-                continue
-            if not _train_one(i, n, plan, summary, show):
+            elif not fn(i, plan):
                 return False
     for i, plan in busy:
-        _log(f"[train {i}/{n}] {plan.label}: waiting for the other process …")
+        _log(f"[{what} {i}/{n}] {plan.label}: waiting for the other process …")
         with file_lock(plan.run_dir / LOCK_NAME):
-            if not _train_one(i, n, plan, summary, show):
+            if not fn(i, plan):
                 return False
     return True
+
+
+def _train_all(exp: Experiment, summary: dict[str, Any], show: bool) -> bool:
+    """Train every run (skipping finished ones, each under its cell lock); False when a signal
+    interrupted training (an interrupted cell resumes from its checkpoint on the next run)."""
+    n = len(exp.runs)
+    cells = list(enumerate(exp.runs, 1))
+    return _each_cell_locked("train", cells, n, lambda i, p: _train_one(i, n, p, summary, show))
 
 
 def _train_one(i: int, n: int, plan: RunPlan, summary: dict[str, Any], show: bool) -> bool:
@@ -473,28 +454,16 @@ def _train_one(i: int, n: int, plan: RunPlan, summary: dict[str, Any], show: boo
 def _evaluate_all(
     exp: Experiment, summary: dict[str, Any], show: bool, redo: frozenset[str]
 ) -> None:
-    """Evaluate every finished run into the store (what it already holds is skipped).
-
-    Each cell is evaluated under its run folder's lock, as in training, so two sweep processes
-    on one grid split the evaluations instead of both computing every one."""
-    from looplm.io import file_lock
+    """Evaluate every finished run into the store (what it already holds is skipped), each
+    under its cell lock as in training, so two sweep processes split the evaluations."""
     from looplm.results.store import ResultsStore
 
     n = len(exp.runs)
-    busy: list[tuple[int, RunPlan]] = []
+    cells = [(i, p) for i, p in enumerate(exp.runs, 1) if _evaluable(i, n, p)]
     with ResultsStore(exp.store) as store:
-        for i, plan in enumerate(exp.runs, 1):
-            if not _evaluable(i, n, plan):
-                continue
-            with file_lock(plan.run_dir / LOCK_NAME, wait=False) as held:
-                if not held:
-                    _log(f"[eval {i}/{n}] {plan.label}: another process holds it; later")
-                    busy.append((i, plan))
-                    continue
-                _evaluate_one(i, n, plan, exp, store, summary, show, redo)
-        for i, plan in busy:
-            with file_lock(plan.run_dir / LOCK_NAME):
-                _evaluate_one(i, n, plan, exp, store, summary, show, redo)
+        _each_cell_locked(
+            "eval", cells, n, lambda i, p: _evaluate_one(i, n, p, exp, store, summary, show, redo)
+        )
 
 
 def _evaluable(i: int, n: int, plan: RunPlan) -> bool:
@@ -523,7 +492,7 @@ def _evaluate_one(
     summary: dict[str, Any],
     show: bool,
     redo: frozenset[str],
-) -> None:
+) -> bool:
     t0 = time.perf_counter()
     _log(f"[eval {i}/{n}] {plan.label} …")
     res = evaluate_run(plan, exp, store, progress=show, redo=redo)
@@ -535,6 +504,7 @@ def _evaluate_one(
         f"[eval {i}/{n}] {plan.label}: {res['written']} rows written, "
         f"{res['skipped']} already in the store ({dt:.1f} s)"
     )
+    return True
 
 
 def run_experiment(

@@ -106,3 +106,30 @@ class ReportSettings:
     allow_incomplete: bool = False
     reference: str = "scse"  # the method paired deltas are taken against
     n_boot: int = 10_000  # paired-bootstrap resamples
+
+
+def check_report(rep: dict[str, Any], runs: list[Any]) -> None:
+    """The ``report`` section's values, checked before any training (the report comes last)."""
+    from looplm.errors import LoopLMError
+    from looplm.results.stats import SEED_SET_NAMES, resolve_seed_set
+
+    seeds = rep.get("seeds", "auto")
+    if isinstance(seeds, str) and seeds not in SEED_SET_NAMES:
+        raise LoopLMError(
+            f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list of seed ids"
+        )
+    if not isinstance(seeds, (str, list)):
+        raise LoopLMError(f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list")
+    resolve_seed_set(seeds)
+    for key in ("train_depth_max", "n_boot"):
+        v = rep.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise LoopLMError(f"report.{key}={v!r} must be a positive integer")
+    if not isinstance(rep.get("allow_incomplete", False), bool):
+        raise LoopLMError(f"report.allow_incomplete={rep['allow_incomplete']!r} must be true/false")
+    methods = sorted({p.method for p in runs})
+    ref = rep.get("reference", "scse")
+    if "reference" in rep and ref not in methods:
+        raise LoopLMError(
+            f"report.reference={ref!r} is not a method of this grid; allowed: {', '.join(methods)}"
+        )
