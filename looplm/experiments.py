@@ -431,8 +431,19 @@ def _train_all(exp: Experiment, summary: dict[str, Any], show: bool) -> bool:
     """Train every run (skipping finished ones, each under its cell lock); False when a signal
     interrupted training (an interrupted cell resumes from its checkpoint on the next run)."""
     n = len(exp.runs)
-    cells = list(enumerate(exp.runs, 1))
+    # finished cells are passed over without their lock: another process may hold it to evaluate
+    cells = [(i, p) for i, p in enumerate(exp.runs, 1) if not _trained(p)]
+    summary["skipped_training"] = summary.get("skipped_training", 0) + n - len(cells)
     return _each_cell_locked("train", cells, n, lambda i, p: _train_one(i, n, p, summary, show))
+
+
+def _trained(plan: RunPlan) -> bool:
+    """Whether the cell's checkpoint holds all its training steps."""
+    from looplm.checkpoint import read_meta
+
+    if not plan.has_checkpoint:
+        return False
+    return int(read_meta(plan.ckpt)["state"].get("step", 0)) >= plan.cfg.train.steps
 
 
 def _train_one(i: int, n: int, plan: RunPlan, summary: dict[str, Any], show: bool) -> bool:
@@ -473,12 +484,9 @@ def _evaluable(i: int, n: int, plan: RunPlan) -> bool:
     if not plan.has_checkpoint:
         _log(f"[eval {i}/{n}] {plan.label}: no checkpoint, skipped")
         return False
-    step = int(read_meta(plan.ckpt)["state"].get("step", 0))
-    if step < plan.cfg.train.steps:  # never store results of a half-trained model
-        _log(
-            f"[eval {i}/{n}] {plan.label}: checkpoint at step {step} of "
-            f"{plan.cfg.train.steps} (unfinished), skipped"
-        )
+    if not _trained(plan):  # never store results of a half-trained model
+        step = int(read_meta(plan.ckpt)["state"].get("step", 0))
+        _log(f"[eval {i}/{n}] {plan.label}: checkpoint at step {step} (unfinished), skipped")
         return False
     return True
 

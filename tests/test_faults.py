@@ -388,6 +388,43 @@ def test_concurrent_sweeps_share_the_grid(tmp_path, monkeypatch):
     assert trained == [exp.runs[1].label, f"other:{first.label}", first.label]
 
 
+def test_training_does_not_wait_for_a_finished_cell_another_process_evaluates(
+    tmp_path, monkeypatch
+):
+    """A finished cell is passed over without its lock (another sweep may hold it for a long
+    evaluation): the training pass neither waits for it nor trains it."""
+    from looplm import experiments
+    from looplm.io import file_lock
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        textwrap.dedent(
+            f"""
+            name: g
+            out_root: {tmp_path / "runs"}
+            base: {{model: {{preset: tiny}}, train: {{steps: 2}}}}
+            methods: [scse, looped]
+            seeds: [0]
+            evaluate: {{depths: [1]}}
+            """
+        )
+    )
+    exp = experiments.load_experiment(grid)
+    first = exp.runs[0]
+    first.run_dir.mkdir(parents=True)
+    monkeypatch.setattr(experiments, "_trained", lambda plan: plan is first)
+    trained: list[str] = []
+    monkeypatch.setattr(
+        experiments, "train_run", lambda plan, progress=None: trained.append(plan.label) or "x"
+    )
+    summary: dict = {"timings": {}}
+    with file_lock(first.run_dir / experiments.LOCK_NAME):  # held for the whole training pass
+        t0 = time.perf_counter()
+        assert experiments._train_all(exp, summary, show=False)
+    assert trained == [exp.runs[1].label] and summary["skipped_training"] == 1
+    assert time.perf_counter() - t0 < 60  # it did not block on the held lock
+
+
 def test_concurrent_sweeps_split_the_evaluations(tmp_path, monkeypatch):
     """Evaluation takes the cell's lock too: a cell another process is evaluating is passed
     over, then waited for, and evaluated once more only for what the store still lacks."""
