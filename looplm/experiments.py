@@ -404,11 +404,16 @@ LOCK_NAME = ".sweep.lock"  # per run folder: one sweep process trains a cell at 
 
 
 def _each_cell_locked(
-    what: str, cells: list[tuple[int, RunPlan]], n: int, fn: Callable[[int, RunPlan], bool]
+    what: str,
+    cells: list[tuple[int, RunPlan]],
+    n: int,
+    fn: Callable[[int, RunPlan], bool],
+    wait: bool = True,
 ) -> bool:
     """``fn(i, plan)`` for every cell under its run folder's lock, so several ``looplm sweep``
     processes on one grid share the cells: a cell another process holds is passed over, and
-    waited for at the end (then what it finished is skipped). False as soon as ``fn`` is."""
+    waited for at the end (then what it finished is skipped), or left to that process when not
+    ``wait``. False as soon as ``fn`` is."""
     from looplm.io import file_lock
 
     busy: list[tuple[int, RunPlan]] = []
@@ -419,7 +424,7 @@ def _each_cell_locked(
                 busy.append((i, plan))
             elif not fn(i, plan):
                 return False
-    for i, plan in busy:
+    for i, plan in busy if wait else []:
         _log(f"[{what} {i}/{n}] {plan.label}: waiting for the other process …")
         with file_lock(plan.run_dir / LOCK_NAME):
             if not fn(i, plan):
@@ -466,14 +471,19 @@ def _evaluate_all(
     exp: Experiment, summary: dict[str, Any], show: bool, redo: frozenset[str]
 ) -> None:
     """Evaluate every finished run into the store (what it already holds is skipped), each
-    under its cell lock as in training, so two sweep processes split the evaluations."""
+    under its cell lock as in training, so two sweep processes split the evaluations; a cell
+    the other process is evaluating is left to it (rerun the sweep if that process stopped)."""
     from looplm.results.store import ResultsStore
 
     n = len(exp.runs)
     cells = [(i, p) for i, p in enumerate(exp.runs, 1) if _evaluable(i, n, p)]
     with ResultsStore(exp.store) as store:
         _each_cell_locked(
-            "eval", cells, n, lambda i, p: _evaluate_one(i, n, p, exp, store, summary, show, redo)
+            "eval",
+            cells,
+            n,
+            lambda i, p: _evaluate_one(i, n, p, exp, store, summary, show, redo),
+            wait=False,
         )
 
 
