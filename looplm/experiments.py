@@ -478,13 +478,21 @@ def _evaluate_all(
     n = len(exp.runs)
     cells = [(i, p) for i, p in enumerate(exp.runs, 1) if _evaluable(i, n, p)]
     with ResultsStore(exp.store) as store:
-        _each_cell_locked(
-            "eval",
-            cells,
-            n,
-            lambda i, p: _evaluate_one(i, n, p, exp, store, summary, show, redo),
-            wait=False,
-        )
+
+        def one(i: int, plan: RunPlan) -> bool:
+            t0 = time.perf_counter()
+            _log(f"[eval {i}/{n}] {plan.label} …")
+            res = evaluate_run(plan, exp, store, progress=show, redo=redo)
+            dt = summary["timings"][f"eval {plan.label}"] = time.perf_counter() - t0
+            summary["rows_written"] += res["written"]
+            summary["evals_skipped"] += res["skipped"]
+            written, skipped = res["written"], res["skipped"]
+            _log(
+                f"[eval {i}/{n}] {plan.label}: {written} rows written, {skipped} already ({dt:.1f} s)"
+            )
+            return True
+
+        _each_cell_locked("eval", cells, n, one, wait=False)
 
 
 def _evaluable(i: int, n: int, plan: RunPlan) -> bool:
@@ -498,30 +506,6 @@ def _evaluable(i: int, n: int, plan: RunPlan) -> bool:
         step = int(read_meta(plan.ckpt)["state"].get("step", 0))
         _log(f"[eval {i}/{n}] {plan.label}: checkpoint at step {step} (unfinished), skipped")
         return False
-    return True
-
-
-def _evaluate_one(
-    i: int,
-    n: int,
-    plan: RunPlan,
-    exp: Experiment,
-    store: Any,
-    summary: dict[str, Any],
-    show: bool,
-    redo: frozenset[str],
-) -> bool:
-    t0 = time.perf_counter()
-    _log(f"[eval {i}/{n}] {plan.label} …")
-    res = evaluate_run(plan, exp, store, progress=show, redo=redo)
-    dt = time.perf_counter() - t0
-    summary["timings"][f"eval {plan.label}"] = dt
-    summary["rows_written"] += res["written"]
-    summary["evals_skipped"] += res["skipped"]
-    _log(
-        f"[eval {i}/{n}] {plan.label}: {res['written']} rows written, "
-        f"{res['skipped']} already in the store ({dt:.1f} s)"
-    )
     return True
 
 
