@@ -449,3 +449,31 @@ def test_cpu_rate_comes_from_logged_steps_of_one_process(tmp_path) -> None:
     assert write([(10, 5.0), (20, 25.0)]) == pytest.approx(fast / 2)  # twice the time per step
     # a resumed process restarts its clock: the pair across the restart is left out
     assert write([(10, 5.0), (20, 15.0), (30, 2.0), (40, 12.0)]) == pytest.approx(fast)
+
+
+def test_kl_halting_depth_at_depth8_quality_reads_every_threshold_of_a_seed() -> None:
+    """The fewest KL-halting loops whose PPL is at most uniform depth 8's, per seed: every
+    threshold's row of that seed is considered (one row a seed was a bug)."""
+    from types import SimpleNamespace as R
+
+    from looplm.paper.report import _adaptive_metric
+
+    rows = {
+        0: [R(adaptive_mode="kl:thr=0.1", ppl=101.0, extra={"mean_depth": 2.0}),
+            R(adaptive_mode="kl:thr=0.01", ppl=99.0, extra={"mean_depth": 3.0}),
+            R(adaptive_mode="kl:thr=0.001", ppl=98.0, extra={"mean_depth": 5.0}),
+            R(adaptive_mode="router:p=0.5", ppl=90.0, extra={"mean_depth": 1.0})],
+        1: [R(adaptive_mode="kl:thr=0.1", ppl=120.0, extra={"mean_depth": 2.0})],
+    }  # fmt: skip
+
+    class Measured:
+        def fixed(self, method, scale, depth):
+            assert depth == 8
+            return {0: 100.0, 1: 110.0}
+
+        def matching(self, method, scale, seed):
+            return rows[seed]
+
+    row = {"method": "scse", "metric": "kl_halting_loops_at_depth8_quality"}
+    # seed 0: thresholds 0.01 and 0.001 reach 100 → 3.0 loops; seed 1: none does → no value
+    assert _adaptive_metric(row, Measured(), "scse") == [3.0]

@@ -40,17 +40,21 @@ class _Measured:
         variant = TIERS[scale][1 if self.full else 0]
         return [p for p in self.exp.runs if p.method == method and p.variant == variant]
 
+    def matching(self, method: str, scale: str | None, **match: Any) -> list[Any]:
+        """Every record of ``method`` at ``scale`` whose fields equal ``match``."""
+        keys = {(p.model_hash, p.protocol, p.seed) for p in self._plans(method, scale)}
+        return [
+            r
+            for r in self.records
+            if r.method == method
+            and (r.model_hash, r.protocol, r.seed) in keys
+            and all(getattr(r, k) == v for k, v in match.items())
+        ]
+
     def rows(self, method: str, scale: str | None, **match: Any) -> dict[int, Any]:
-        """seed → record of ``method`` at ``scale`` whose fields equal ``match``."""
-        plans = self._plans(method, scale)
-        keys = {(p.model_hash, p.protocol, p.seed) for p in plans}
-        out = {}
-        for r in self.records:
-            if r.method != method or (r.model_hash, r.protocol, r.seed) not in keys:
-                continue
-            if all(getattr(r, k) == v for k, v in match.items()):
-                out[r.seed] = r
-        return out
+        """seed → record of ``method`` at ``scale`` whose fields equal ``match`` (one a seed:
+        ``match`` must pin the row down)."""
+        return {r.seed: r for r in self.matching(method, scale, **match)}
 
     def fixed(self, method: str, scale: str | None, depth: int) -> dict[int, float]:
         from looplm.data.corpora import canonical_split
@@ -103,7 +107,7 @@ def _adaptive_metric(row: dict[str, Any], m: _Measured, method: str) -> list[flo
     if metric == "kl_halting_loops_at_depth8_quality":
         out = []
         for s, r8 in m.fixed(method, scale, 8).items():
-            rows = m.rows(method, scale, seed=s).values()
+            rows = m.matching(method, scale, seed=s)  # every adaptive row of this seed
             kl = [r for r in rows if r.adaptive_mode.startswith("kl:") and r.ppl <= r8]
             if kl:
                 out.append(min(r.extra.get("mean_depth", math.inf) for r in kl))
