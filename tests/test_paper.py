@@ -347,6 +347,9 @@ def test_diagnostics_kind_writes_one_row_per_looped_run(tmp_path) -> None:
     for name in ("r_t", "anchor_steps", "convergence"):  # Figure 5 and the step curves, linked
         png = tmp_path / "fig" / "table22" / f"{name}.png"
         assert png.stat().st_size > 0 and f"]({png})" in text
+    # written beside a report file, the links are relative to that file's folder
+    linked = paper.entry_report(entry, figures_dir=tmp_path / "fig", link_base=tmp_path)
+    assert "](fig/table22/r_t.png)" in linked
     fixed = {r.method: r.ppl for r in store.query(depth=4, eval_tag="cap=256tok")}
     assert "| scse t=5 | R | 0 | 0 | 1 |" in text
     gain0 = by["looped"].extra["gain_per_step"][0]

@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         entries = [paper.find_entry(e) for e in args.entries] if args.entries else None
         figures = Path(args.out).with_suffix("") if args.out else None
         text = paper.paper_report(
-            entries, full=args.full, data_dir=args.data_dir, figures_dir=figures
+            entries,
+            full=args.full,
+            data_dir=args.data_dir,
+            figures_dir=figures,
+            link_base=Path(args.out).parent if args.out else None,
         )
         if args.out:
             atomic_write_text(args.out, text)

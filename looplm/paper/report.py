@@ -244,9 +244,11 @@ def entry_report(
     full: bool = False,
     data_dir: str | None = None,
     figures_dir: str | os.PathLike | None = None,
+    link_base: str | os.PathLike | None = None,
 ) -> str:
     """Markdown: the entry's paper values beside the measured ones (CPU analogue or ``full``);
-    with ``figures_dir``, the diagnostics figures of its rows are drawn there and linked."""
+    with ``figures_dir``, the diagnostics figures of its rows are drawn there and linked
+    (relative to ``link_base``, the report file's folder, when given)."""
     lines = [f"### {entry.id}: {entry.title}", ""]
     lines.append(f"Paper: {entry.meta.get('protocol', '')}. Claim: {entry.meta.get('claim', '')}")
     if not entry.is_experiment:
@@ -276,7 +278,8 @@ def entry_report(
         mine = {(p.model_hash, p.protocol, p.seed) for p in exp.runs}
         recs = [r for r in m.records if (r.model_hash, r.protocol, r.seed) in mine]
         for path in diagnostics_figures(recs, Path(figures_dir) / entry.id):
-            lines += ["", f"![{entry.id} {path.stem}]({path})"]
+            link = os.path.relpath(path, link_base) if link_base is not None else path
+            lines += ["", f"![{entry.id} {path.stem}]({link})"]
     return "\n".join(lines)
 
 
@@ -306,9 +309,10 @@ def paper_report(
     full: bool = False,
     data_dir: str | None = None,
     figures_dir: str | os.PathLike | None = None,
+    link_base: str | os.PathLike | None = None,
 ) -> str:
     """The side-by-side report of every entry (Markdown; diagnostics figures into
-    ``figures_dir/<entry>/`` when given)."""
+    ``figures_dir/<entry>/`` when given, linked relative to ``link_base``)."""
     entries = entries if entries is not None else catalogue()
     where = "full protocol" if full else "CPU analogues"
     parts = [
@@ -320,7 +324,10 @@ def paper_report(
     ]
     for e in entries:
         dd = data_dir or _default_data_dir()
-        parts += ["", entry_report(e, full=full, data_dir=dd, figures_dir=figures_dir)]
+        parts += [
+            "",
+            entry_report(e, full=full, data_dir=dd, figures_dir=figures_dir, link_base=link_base),
+        ]
     return "\n".join(parts) + "\n"
 
 
