@@ -480,3 +480,20 @@ def test_kl_halting_depth_at_depth8_quality_reads_every_threshold_of_a_seed() ->
     row = {"method": "scse", "metric": "kl_halting_loops_at_depth8_quality"}
     # seed 0: thresholds 0.01 and 0.001 reach 100 → 3.0 loops; seed 1: none does → no value
     assert _adaptive_metric(row, Measured(), "scse") == [3.0]
+
+
+def test_transfer_entries_take_split_counts_for_small_samples() -> None:
+    """A transfer entry's `counts` (documents of a contiguous OpenWebText / C4 split) reach the
+    sweep and its eval tag, so a small local sample can be split; bad counts are one error."""
+    from looplm.evaluate.kinds.transfer import Transfer
+
+    ev = {
+        "depths": [8],
+        "transfer": [{"dataset": "c4", "split": "validation", "counts": "800,100,100"}],
+    }
+    sweep = Transfer.configure(ev).sweeps[0]
+    assert sweep.counts == "800,100,100" and sweep.label == "docs=800/100/100"
+    plain = Transfer.configure({"depths": [8], "transfer": [{"dataset": "c4"}]}).sweeps[0]
+    assert plain.counts is None and plain.label == ""
+    with pytest.raises(LoopLMError, match="split counts"):
+        Transfer.configure({"depths": [8], "transfer": [{"dataset": "c4", "counts": "1,2"}]})

@@ -115,7 +115,13 @@ def flops_fields(flops_cfg: dict[str, Any] | None, mean_depth: float) -> dict[st
 
 
 def evaluation_batches(
-    cfg, split: str, max_tokens: int | None, batch_size: int, dataset: str | None = None
+    cfg,
+    split: str,
+    max_tokens: int | None,
+    batch_size: int,
+    dataset: str | None = None,
+    *,
+    counts: str | None = None,
 ) -> list[Batch]:
     """Evaluation batches of ``dataset`` (default: the run's) ``split``, capped at ``max_tokens``
     scored tokens: non-overlapping context-length windows of the token cache, or a synthetic
@@ -136,6 +142,6 @@ def evaluation_batches(
     from looplm.data.sources import eval_windows
 
     tokens = get_split_tokens(
-        data.dataset, split, cfg.model.tokenizer, data.data_dir, data.cache_dir
+        data.dataset, split, cfg.model.tokenizer, data.data_dir, data.cache_dir, counts=counts
     )
     return list(eval_windows(tokens, batch_size, cfg.model.context, max_tokens))

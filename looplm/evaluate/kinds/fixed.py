@@ -32,6 +32,7 @@ class Sweep:
     max_tokens: int | None
     depths: tuple[int, ...]
     label: str = ""  # added to the eval tag (a kind whose rows must not share fixed's identity)
+    counts: str | None = None  # OpenWebText / C4 split document counts (default: the paper's)
 
     def tag(self, job: EvalJob) -> str:
         from looplm.evaluate.records import eval_tag
@@ -64,7 +65,9 @@ class Sweep:
             return []
         dataset = self.dataset or job.cfg.data.dataset
         model = job.model()
-        data = evaluation_batches(job.cfg, self.split, self.max_tokens, job.batch_size, dataset)
+        data = evaluation_batches(
+            job.cfg, self.split, self.max_tokens, job.batch_size, dataset, counts=self.counts
+        )
         rows = depth_sweep(
             model,
             _ListSource(data, dataset in TASKS),

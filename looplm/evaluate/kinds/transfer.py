@@ -25,6 +25,9 @@ class TransferSettings:
     split: str = "test"  # its split
     max_tokens: int | None = None  # cap on scored tokens (default: evaluate.max_tokens)
     depths: list[int] | str | None = None  # loop depths (default: evaluate.depths)
+    # OpenWebText / C4 document counts "TRAIN,VALIDATION,TEST" of a contiguous split (default:
+    # the paper's 200,000 / 4,096 / 4,096 and 100,000 / 4,096 / 4,096; a small sample needs fewer)
+    counts: str | None = None
 
 
 @register_kind
@@ -51,7 +54,16 @@ class Transfer(EvaluationKind):
             check_settings(TransferSettings, t, f"evaluate.transfer[{i}]")
             depths = depth_list(t.get("depths", evaluate.get("depths")), "transfer.depths")
             cap = t.get("max_tokens", evaluate.get("max_tokens"))
-            sweeps.append(Sweep(t["dataset"], t.get("split", "test"), cap, tuple(depths)))
+            counts = t.get("counts")
+            if counts is not None:
+                from looplm.data.corpora import SplitCounts
+
+                c = SplitCounts.parse(str(counts))
+                counts = f"{c.train},{c.validation},{c.test}"
+            label = f"docs={counts.replace(',', '/')}" if counts else ""
+            sweeps.append(
+                Sweep(t["dataset"], t.get("split", "test"), cap, tuple(depths), label, counts)
+            )
         return cls(sweeps) if sweeps else None
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
