@@ -346,10 +346,9 @@ def test_kill_during_store_writes_keeps_every_committed_row(tmp_path):
 
 
 # ----------------------------------------------------------------------------- concurrent sweeps
-def test_concurrent_sweeps_share_the_grid(tmp_path, monkeypatch):
-    """A cell another process holds is passed over, then waited for: it is trained once."""
+def _two_cell_grid(tmp_path):
+    """A two-run grid (scse, looped; tiny, 2 steps) for the locking tests."""
     from looplm import experiments
-    from looplm.io import file_lock
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(
@@ -364,7 +363,15 @@ def test_concurrent_sweeps_share_the_grid(tmp_path, monkeypatch):
             """
         )
     )
-    exp = experiments.load_experiment(grid)
+    return experiments.load_experiment(grid)
+
+
+def test_concurrent_sweeps_share_the_grid(tmp_path, monkeypatch):
+    """A cell another process holds is passed over, then waited for: it is trained once."""
+    from looplm import experiments
+    from looplm.io import file_lock
+
+    exp = _two_cell_grid(tmp_path)
     trained: list[str] = []
     monkeypatch.setattr(
         experiments, "train_run", lambda plan, progress=None: trained.append(plan.label) or "x"
@@ -396,20 +403,7 @@ def test_training_does_not_wait_for_a_finished_cell_another_process_evaluates(
     from looplm import experiments
     from looplm.io import file_lock
 
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(
-        textwrap.dedent(
-            f"""
-            name: g
-            out_root: {tmp_path / "runs"}
-            base: {{model: {{preset: tiny}}, train: {{steps: 2}}}}
-            methods: [scse, looped]
-            seeds: [0]
-            evaluate: {{depths: [1]}}
-            """
-        )
-    )
-    exp = experiments.load_experiment(grid)
+    exp = _two_cell_grid(tmp_path)
     first = exp.runs[0]
     first.run_dir.mkdir(parents=True)
     monkeypatch.setattr(experiments, "_trained", lambda plan: plan is first)
@@ -431,20 +425,7 @@ def test_concurrent_sweeps_split_the_evaluations(tmp_path, monkeypatch):
     from looplm import experiments
     from looplm.io import file_lock
 
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(
-        textwrap.dedent(
-            f"""
-            name: g
-            out_root: {tmp_path / "runs"}
-            base: {{model: {{preset: tiny}}, train: {{steps: 2}}}}
-            methods: [scse, looped]
-            seeds: [0]
-            evaluate: {{depths: [1]}}
-            """
-        )
-    )
-    exp = experiments.load_experiment(grid)
+    exp = _two_cell_grid(tmp_path)
     for plan in exp.runs:
         plan.run_dir.mkdir(parents=True)
     monkeypatch.setattr(experiments, "_evaluable", lambda i, n, plan: True)
