@@ -497,3 +497,43 @@ def test_transfer_entries_take_split_counts_for_small_samples() -> None:
     assert plain.counts is None and plain.label == ""
     with pytest.raises(LoopLMError, match="split counts"):
         Transfer.configure({"depths": [8], "transfer": [{"dataset": "c4", "counts": "1,2"}]})
+
+
+def test_report_draws_the_ratio_by_scale_tier(tmp_path, monkeypatch) -> None:
+    """Figure 5 by scale: a grid with a scale-tier variant gets r_t_by_scale.png (R_t per tier and
+    method over seeds); the per-checkpoint figures keep each tier and method's lowest seed."""
+    import looplm.diagnostics.plots as plots
+
+    _tiny_grid(tmp_path)
+    child = tmp_path / "figure5.yaml"
+    diag = {"split": "test", "loops": 4, "batches": 1, "batch_size": 2, "steer_inputs": 0}
+    child.write_text(yaml.safe_dump({
+        "extends": "grid.yaml",
+        "methods": ["scse", "looped"],
+        "seeds": [0, 1],
+        # "d192" is the CPU analogue's name of the 50M tier (tiny here: width 48)
+        "variants": [{"name": "", "overrides": []},
+                     {"name": "d192", "overrides": ["model.d_model=48", "model.d_ff=96"]}],
+        "evaluate": {"diagnostics": diag},
+        "paper": {"id": "figure5", "reported": [
+            {"method": "scse", "scale": "50m", "metric": "R", "step": 3, "value": 0.0}]},
+    }))  # fmt: skip
+    run_experiment(child, progress=False, report=False)
+    drawn: dict[str, list] = {}
+    real_scale, real_bars = plots.plot_rt_by_scale, plots.plot_rt_bars
+    monkeypatch.setattr(
+        plots, "plot_rt_by_scale", lambda g, p: (drawn.setdefault("scale", g), real_scale(g, p))
+    )
+    monkeypatch.setattr(plots, "plot_rt_bars",
+                        lambda r, p: (drawn.setdefault("bars", r), real_bars(r, p)))  # fmt: skip
+    text = paper.entry_report(paper.load_entry(child), figures_dir=tmp_path / "fig")
+    png = tmp_path / "fig" / "figure5" / "r_t_by_scale.png"
+    assert png.stat().st_size > 0 and f"]({png})" in text
+    groups = {(g["tier"], g["method"]): g for g in drawn["scale"]}
+    assert list(groups) == [("22m", "looped"), ("22m", "scse"), ("50m: d192", "looped"),
+                            ("50m: d192", "scse")]  # fmt: skip
+    assert groups[("50m: d192", "scse")]["R_last"] == [0.0, 0.0]  # both seeds, exactly zero
+    assert all(v > 0 for v in groups[("50m: d192", "looped")]["R_last"])
+    assert [r["label"] for r in drawn["bars"]] == [
+        "22m looped s0", "22m scse s0", "50m: d192 looped s0", "50m: d192 scse s0"]  # fmt: skip
+    assert "| scse 50m t=3 | R | 0 | 0 ± 0 | 2 |" in text

@@ -5,6 +5,8 @@ wrote (``diagnostics.json``, ``steering.npz``), never live objects.
   t = 0, dashed unit reference.
 * ``<label>/steering.png`` — anchor-start steering (paper Figure 4 style): (a) trajectories and
   forcing rays, (b) injection-gain dose-response relative to the injection-removed rollout.
+* ``r_t_by_scale.png`` (``looplm paper report`` on a grid with scale tiers) — R_t per tier and
+  method, mean over seeds (paper Figure 5 by scale).
 * ``convergence.png`` — successive-output KL per loop, per-token state change, convergence depth
   by token type.
 * ``anchor_steps.png`` — R_t, E_Δ,t, random-direction gain and the counterfactual E_t per step.
@@ -65,6 +67,52 @@ def plot_rt_bars(results: Sequence[dict], path: str | os.PathLike) -> None:
     ax.set_ylabel("R_t  (Eq. 9)")
     ax.set_title(f"Pointwise forcing-bias energy ratio, bars at t = {'/'.join(map(str, steps))}")
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
+    _save(fig, path)
+
+
+def plot_rt_by_scale(groups: Sequence[dict], path: str | os.PathLike) -> None:
+    """R_t by scale tier (paper Figure 5 style): per tier a bar per method at the last step (mean
+    over seeds, error bar = std, every seed's value as a dot), open markers at t = 0, labels with
+    the mean. ``groups``: ``{"tier", "method", "R_t0": [per seed], "R_last": [per seed]}``, in
+    drawing order. A symmetric-log axis keeps exact zeros and three-digit ratios on one plot."""
+    tiers = list(dict.fromkeys(g["tier"] for g in groups))
+    methods = list(dict.fromkeys(g["method"] for g in groups))
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = new_figure((max(5.0, 0.75 * len(groups) + 2), 4.0), layout=None)
+    top = 1.0
+    for j, m in enumerate(methods):
+        for i, tier in enumerate(tiers):
+            g = next((g for g in groups if g["tier"] == tier and g["method"] == m), None)
+            if g is None:
+                continue
+            last = np.array([_val(v) for v in g["R_last"]], dtype=float)
+            first = np.array([_val(v) for v in g["R_t0"]], dtype=float)
+            x = i + (j - (len(methods) - 1) / 2) * width
+            mean = float(np.nanmean(last)) if np.isfinite(last).any() else float("nan")
+            std = float(np.nanstd(last, ddof=1)) if np.isfinite(last).sum() > 1 else 0.0
+            ax.bar(x, np.nan_to_num(mean), width * 0.9, color=method_color(m, j),
+                   label=m if i == 0 else None, yerr=std, capsize=3)  # fmt: skip
+            ax.scatter(np.full(len(last), x), last, s=9, color="k", zorder=3)
+            if np.isfinite(first).any():
+                ax.scatter([x], [np.nanmean(first)], facecolors="none", edgecolors="k", s=60,
+                           zorder=4)  # fmt: skip
+            ax.text(x, np.nan_to_num(mean + std) * 1.3 + 0.05, "0" if mean == 0 else f"{mean:.3g}",
+                    ha="center", va="bottom", fontsize=7)  # fmt: skip
+            top = max(top, float(np.nanmax(np.concatenate([last, first, [0.0]]))))
+    ax.axhline(1.0, ls="--", color="0.4", lw=1)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(0, top * 3)
+    ax.set_xticks(np.arange(len(tiers)), tiers)
+    ax.set_xlabel("scale tier")
+    ax.set_ylabel("R_t  (Eq. 9), symmetric-log axis")
+    steps = sorted({g.get("last_step") for g in groups if g.get("last_step") is not None})
+    ax.set_title(
+        "Forcing-bias energy ratio by scale: bars at t = "
+        + "/".join(map(str, steps))
+        + " (mean ± std over seeds, dots per seed), open markers at t = 0",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path)
 
 

@@ -275,9 +275,10 @@ def entry_report(
             )
     lines += ["", _fixed_table(exp, m)]
     if figures_dir is not None:
-        mine = {(p.model_hash, p.protocol, p.seed) for p in exp.runs}
+        mine = {(p.model_hash, p.protocol, p.seed): p.variant for p in exp.runs}
         recs = [r for r in m.records if (r.model_hash, r.protocol, r.seed) in mine]
-        for path in diagnostics_figures(recs, Path(figures_dir) / entry.id):
+        tiers = {key: _tier_label(var, full) for key, var in mine.items()}
+        for path in diagnostics_figures(recs, Path(figures_dir) / entry.id, tiers=tiers):
             link = os.path.relpath(path, link_base) if link_base is not None else path
             lines += ["", f"![{entry.id} {path.stem}]({link})"]
     return "\n".join(lines)
@@ -331,20 +332,71 @@ def paper_report(
     return "\n".join(parts) + "\n"
 
 
-def diagnostics_figures(records: list[Any], out_dir: str | os.PathLike) -> list[Path]:
-    """Figures 5 (R_t bars), the per-step anchor quantities and the per-token convergence curves
-    from diagnostics-kind store rows (one curve per method and seed); returns the PNG paths."""
-    from looplm.diagnostics.plots import plot_anchor_steps, plot_convergence, plot_rt_bars
+def _tier_label(variant: str, full: bool) -> str:
+    """A training variant's scale tier, with the CPU analogue's own name: ``22m``, ``50m: d192``."""
+    tier = next((k for k, v in TIERS.items() if k and v[1 if full else 0] == variant), None)
+    if tier is None:
+        return variant
+    return tier if full or not variant else f"{tier}: {variant}"
 
+
+def diagnostics_figures(
+    records: list[Any],
+    out_dir: str | os.PathLike,
+    *,
+    tiers: dict[tuple[str, str, int], str] | None = None,
+) -> list[Path]:
+    """Figures 5 (R_t bars), the per-step anchor quantities and the per-token convergence curves
+    from diagnostics-kind store rows (one curve per method and seed); returns the PNG paths.
+
+    ``tiers`` maps a record's ``(model_hash, protocol, seed)`` to its scale tier. When the rows
+    span more than one tier, labels carry the tier, ``r_t_by_scale.png`` (Figure 5 by scale,
+    mean over seeds) is drawn, and the per-checkpoint figures keep each tier and method's lowest
+    seed so that they stay readable."""
+    from looplm.diagnostics.plots import (
+        plot_anchor_steps,
+        plot_convergence,
+        plot_rt_bars,
+        plot_rt_by_scale,
+    )
+
+    tiers = tiers or {}
+    tier_of = {id(r): tiers.get((r.model_hash, r.protocol, r.seed), "") for r in records}
+    order = {label: i for i, label in enumerate(dict.fromkeys(tiers.values()))}
     rows = sorted(
         (r for r in records if r.eval_tag.startswith("diagnostics")),
-        key=lambda r: (r.method, r.seed, r.protocol),
+        key=lambda r: (order.get(tier_of[id(r)], 0), r.method, r.seed, r.protocol),
     )
     if not rows:
         return []
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    scaled = len({tier_of[id(r)] for r in rows}) > 1
+    if scaled:
+        groups: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in rows:
+            g = groups.setdefault(
+                (tier_of[id(r)], r.method),
+                {
+                    "tier": tier_of[id(r)],
+                    "method": r.method,
+                    "R_t0": [],
+                    "R_last": [],
+                    "last_step": r.extra.get("last_step"),
+                },  # fmt: skip
+            )
+            g["R_t0"].append(r.extra.get("R_t0"))
+            g["R_last"].append(r.extra.get("R_last"))
+        plot_rt_by_scale(list(groups.values()), out / "r_t_by_scale.png")
+        paths.append(out / "r_t_by_scale.png")
+        first: dict[tuple[str, str], Any] = {}
+        for r in rows:
+            first.setdefault((tier_of[id(r)], r.method), r)
+        rows = list(first.values())
     results = [
         {
-            "label": f"{r.method} s{r.seed}",
+            "label": (f"{tier_of[id(r)]} " if scaled else "") + f"{r.method} s{r.seed}",
             "method": r.method,
             "loops": r.depth,
             "summary": r.extra,
@@ -353,9 +405,6 @@ def diagnostics_figures(records: list[Any], out_dir: str | os.PathLike) -> list[
         }
         for r in rows
     ]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
     for name, fn in (
         ("r_t.png", plot_rt_bars),
         ("anchor_steps.png", plot_anchor_steps),
