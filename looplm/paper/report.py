@@ -194,7 +194,9 @@ def measure(row: dict[str, Any], m: _Measured, methods: list[str]) -> dict[str, 
                 continue
             res = measure({**row, "method": t}, m, methods)
             if res["mean"] is not None:
-                parts.append(f"{t} {_fmt(res['mean'])}")
+                parts.append(
+                    f"{t} {_fmt(res['mean'])}" + (f" ({res['note']})" if res["note"] else "")
+                )
         return {"mean": None, "std": None, "n": 0, "note": "; ".join(parts) or "not yet run"}
     if metric in _FIXED:
         vals = _fixed_metric(row, m, method)
@@ -205,7 +207,12 @@ def measure(row: dict[str, Any], m: _Measured, methods: list[str]) -> dict[str, 
     else:
         vals = _diagnostics_metric(row, m, method)
     mean, std, n = _mean_std(vals)
-    return {"mean": mean, "std": std, "n": n, "note": "" if n else "not yet run"}
+    note = "" if n else "not yet run"
+    if metric == "kl_halting_loops_at_depth8_quality":
+        seeds = len(m.fixed(method, row.get("scale"), 8))
+        if seeds and n < seeds:  # a seed whose KL rule never matches depth 8 has no value
+            note = f"{n} of {seeds} seeds reach depth-8 quality at any threshold"
+    return {"mean": mean, "std": std, "n": n, "note": note}
 
 
 def _fmt(v: float | None) -> str:
