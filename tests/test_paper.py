@@ -318,6 +318,8 @@ def test_diagnostics_kind_writes_one_row_per_looped_run(tmp_path) -> None:
         "paper": {"id": "table22", "reported": [
             {"method": "scse", "metric": "R", "step": 5, "value": 0.0},
             {"method": "looped", "metric": "gain", "step": 0, "value": 3.98},
+            {"method": "looped", "metric": "dose_fraction_min", "value": 0.25},
+            {"method": "looped", "metric": "dose_fraction_max", "value": 0.51},
             {"method": "scse", "depth": 4, "metric": "ppl", "value": 1.0},
             {"method": "scse", "reference": "looped", "depth": 4, "metric": "delta_ppl",
              "value": -1.0}]},
@@ -354,6 +356,13 @@ def test_diagnostics_kind_writes_one_row_per_looped_run(tmp_path) -> None:
     assert "| scse t=5 | R | 0 | 0 | 1 |" in text
     gain0 = by["looped"].extra["gain_per_step"][0]
     assert f"| looped t=0 | gain | 3.98 | {paper._fmt(gain0)} | 1 |" in text
+    # the dose-response span: the smallest and largest displacement / push over inputs and gains
+    dose = by["looped"].extra["steering"]["dose"]
+    spans = [dose[g]["displacement_over_push"] for g in ("gain_0.5", "gain_1", "gain_2")]
+    lo, hi = min(d["min"] for d in spans), max(d["max"] for d in spans)
+    assert 0 < lo < hi
+    assert f"| looped | dose_fraction_min | 0.25 | {paper._fmt(lo)} | 1 |" in text
+    assert f"| looped | dose_fraction_max | 0.51 | {paper._fmt(hi)} | 1 |" in text
     assert f"| scse T=4 | ppl | 1 | {paper._fmt(fixed['scse'])} | 1 |" in text
     delta = paper._fmt(fixed["scse"] - fixed["looped"])
     assert f"| scse − looped T=4 | delta_ppl | -1 | {delta} | 1 |" in text

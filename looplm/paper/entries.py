@@ -62,6 +62,8 @@ METRICS = (
     "ray_cosine_min",
     "ray_cosine_max",
     "dose_fraction_rms",
+    "dose_fraction_min",
+    "dose_fraction_max",
     "kl_loop",
     "median_convergence_loop",
     "still_updating_at_8",

@@ -168,6 +168,16 @@ def _diagnostics_metric(row: dict[str, Any], m: _Measured, method: str) -> list[
             v = (steer.get("ray_cosine") or {}).get(metric.rsplit("_", 1)[1])
         elif metric == "dose_fraction_rms":
             v = ((steer.get("dose") or {}).get("rms_displacement_over_push") or {}).get("mean")
+        elif metric in ("dose_fraction_min", "dose_fraction_max"):  # over inputs and the gains
+            end = metric.rsplit("_", 1)[1]
+            dose = steer.get("dose") or {}
+            ends = [
+                ((dose[k] or {}).get("displacement_over_push") or {}).get(end)
+                for k in dose
+                if k.startswith("gain_")
+            ]
+            ends = [x for x in ends if x is not None]
+            v = (min if end == "min" else max)(ends) if ends else None
         if v is not None:
             out.append(float(v))
     return out
