@@ -357,6 +357,25 @@ def _tier_label(variant: str, full: bool) -> str:
     return tier if full or not variant else f"{tier}: {variant}"
 
 
+def _scale_groups(rows: list[Any], tier_of: dict[int, str]) -> list[dict[str, Any]]:
+    """R_t at t = 0 and the last step of every seed, grouped by (tier, method) in row order."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        g = groups.setdefault(
+            (tier_of[id(r)], r.method),
+            {
+                "tier": tier_of[id(r)],
+                "method": r.method,
+                "R_t0": [],
+                "R_last": [],
+                "last_step": r.extra.get("last_step"),
+            },  # fmt: skip
+        )
+        g["R_t0"].append(r.extra.get("R_t0"))
+        g["R_last"].append(r.extra.get("R_last"))
+    return list(groups.values())
+
+
 def diagnostics_figures(
     records: list[Any],
     out_dir: str | os.PathLike,
@@ -391,21 +410,7 @@ def diagnostics_figures(
     paths = []
     scaled = len({tier_of[id(r)] for r in rows}) > 1
     if scaled:
-        groups: dict[tuple[str, str], dict[str, Any]] = {}
-        for r in rows:
-            g = groups.setdefault(
-                (tier_of[id(r)], r.method),
-                {
-                    "tier": tier_of[id(r)],
-                    "method": r.method,
-                    "R_t0": [],
-                    "R_last": [],
-                    "last_step": r.extra.get("last_step"),
-                },  # fmt: skip
-            )
-            g["R_t0"].append(r.extra.get("R_t0"))
-            g["R_last"].append(r.extra.get("R_last"))
-        plot_rt_by_scale(list(groups.values()), out / "r_t_by_scale.png")
+        plot_rt_by_scale(_scale_groups(rows, tier_of), out / "r_t_by_scale.png")
         paths.append(out / "r_t_by_scale.png")
         first: dict[tuple[str, str], Any] = {}
         for r in rows:
