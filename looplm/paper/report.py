@@ -3,8 +3,10 @@ results store (the CPU analogue's, or the full protocol's)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -307,7 +309,7 @@ def _fixed_table(exp: Any, m: _Measured) -> str:
     cells = sorted({(p.variant, p.method) for p in exp.runs})
     rows = []
     for variant, method in cells:
-        tier = next((k for k, v in TIERS.items() if v[1 if m.full else 0] == variant), None)
+        tier = _tier_of(variant, m.full)
         vals = []
         for d in depths:
             mean, std, n = _mean_std(list(m.fixed(method, tier, d).values()))
@@ -349,22 +351,32 @@ def paper_report(
     return "\n".join(parts) + "\n"
 
 
+def _tier_of(variant: str, full: bool) -> str | None:
+    """The scale tier (a key of ``TIERS``) whose training variant is ``variant``, if any."""
+    return next((k for k, v in TIERS.items() if k and v[1 if full else 0] == variant), None)
+
+
 def _tier_label(variant: str, full: bool) -> str:
     """A training variant's scale tier, with the CPU analogue's own name: ``22m``, ``50m: d192``."""
-    tier = next((k for k, v in TIERS.items() if k and v[1 if full else 0] == variant), None)
+    tier = _tier_of(variant, full)
     if tier is None:
         return variant
     return tier if full or not variant else f"{tier}: {variant}"
 
 
-def _scale_groups(rows: list[Any], tier_of: dict[int, str]) -> list[dict[str, Any]]:
+def _record_tier(tiers: dict[tuple[str, str, int], str], r: Any) -> str:
+    """A store record's scale tier label (``""`` when ``tiers`` does not know its run)."""
+    return tiers.get((r.model_hash, r.protocol, r.seed), "")
+
+
+def _scale_groups(rows: list[Any], tier_of: Callable[[Any], str]) -> list[dict[str, Any]]:
     """R_t at t = 0 and the last step of every seed, grouped by (tier, method) in row order."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         g = groups.setdefault(
-            (tier_of[id(r)], r.method),
+            (tier_of(r), r.method),
             {
-                "tier": tier_of[id(r)],
+                "tier": tier_of(r),
                 "method": r.method,
                 "R_t0": [],
                 "R_last": [],
@@ -396,29 +408,28 @@ def diagnostics_figures(
         plot_rt_by_scale,
     )
 
-    tiers = tiers or {}
-    tier_of = {id(r): tiers.get((r.model_hash, r.protocol, r.seed), "") for r in records}
-    order = {label: i for i, label in enumerate(dict.fromkeys(tiers.values()))}
+    tier_of = functools.partial(_record_tier, tiers or {})
+    order = {label: i for i, label in enumerate(dict.fromkeys((tiers or {}).values()))}
     rows = sorted(
         (r for r in records if r.eval_tag.startswith("diagnostics")),
-        key=lambda r: (order.get(tier_of[id(r)], 0), r.method, r.seed, r.protocol),
+        key=lambda r: (order.get(tier_of(r), 0), r.method, r.seed, r.protocol),
     )
     if not rows:
         return []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    scaled = len({tier_of[id(r)] for r in rows}) > 1
+    scaled = len({tier_of(r) for r in rows}) > 1
     if scaled:
         plot_rt_by_scale(_scale_groups(rows, tier_of), out / "r_t_by_scale.png")
         paths.append(out / "r_t_by_scale.png")
         first: dict[tuple[str, str], Any] = {}
         for r in rows:
-            first.setdefault((tier_of[id(r)], r.method), r)
+            first.setdefault((tier_of(r), r.method), r)
         rows = list(first.values())
     results = [
         {
-            "label": (f"{tier_of[id(r)]} " if scaled else "") + f"{r.method} s{r.seed}",
+            "label": (f"{tier_of(r)} " if scaled else "") + f"{r.method} s{r.seed}",
             "method": r.method,
             "loops": r.depth,
             "summary": r.extra,
