@@ -1,0 +1,126 @@
+"""Limits checked before any work, lost work, signals and the last faults: each bad input or
+fault ends in one line naming the value (or path) and what is allowed, before anything long runs
+and without losing what was finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from looplm.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "eval.n_examples=32"]
+
+
+def one_line_error(err: str) -> str:
+    """The one ``error:`` line of a command's stderr (progress lines may precede it)."""
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    assert "Traceback" not in err
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A one-step tiny_bool checkpoint."""
+    out = tmp_path_factory.mktemp("limits") / "run"
+    assert main(["train", "tiny_bool", "train.steps=1", f"out_dir={out}", *TINY]) == 0
+    return out / "ckpt"
+
+
+class _TookTooLong(Exception):
+    pass
+
+
+def _bounded(fn, limit_s: int):
+    """``fn()``, or _TookTooLong after ``limit_s`` seconds (a command that computes instead of
+    refusing must not hang the suite)."""
+
+    def expire(signum, frame):
+        raise _TookTooLong(f"still running after {limit_s} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(limit_s)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _fails_fast(argv: list[str], capsys, limit_s: int = 20) -> str:
+    """The one error line of ``looplm ARGV``, which must be refused (status 2) within seconds."""
+    capsys.readouterr()
+    assert _bounded(lambda: main(argv), limit_s) == 2
+    return one_line_error(capsys.readouterr().err)
+
+
+# ----------------------------------------------------------------------------- loop limits
+@pytest.mark.parametrize("depths", ["1-100000", "1-2000", "4,8,100000"])
+def test_eval_refuses_depths_beyond_the_ceiling_before_any_work(ckpt, capsys, depths):
+    line = _fails_fast(["eval", str(ckpt), "--depths", depths], capsys)
+    deepest = depths.split(",")[-1].split("-")[-1]
+    assert f"--depths {deepest}" in line and "1 … 256" in line and "--max-loops" in line
+
+
+def test_generate_refuses_loops_beyond_the_ceiling(ckpt, capsys):
+    line = _fails_fast(["generate", str(ckpt), "--prompt", "a", "--loops", "100000"], capsys)
+    assert "--loops 100000" in line and "1 … 256" in line and "--max-loops 100000" in line
+
+
+def test_the_ceiling_is_overridden_on_purpose(ckpt, capsys, monkeypatch):
+    monkeypatch.setenv("LOOPLM_MAX_LOOPS", "2")  # a low ceiling keeps the allowed runs cheap
+    line = _fails_fast(["eval", str(ckpt), "--depths", "1-3"], capsys)
+    assert "1 … 2" in line and "LOOPLM_MAX_LOOPS=3" in line
+    assert main(["eval", str(ckpt), "--depths", "1-3", "--max-loops", "3"]) == 0
+    assert [r["depth"] for r in json.loads(capsys.readouterr().out)["results"]] == [1, 2, 3]
+    line = _fails_fast(["generate", str(ckpt), "--prompt", "a", "--loops", "3"], capsys)
+    assert "--loops 3" in line
+    assert main(["generate", str(ckpt), "--prompt", "a", "--loops", "3", "--max-loops", "3",
+                 "--max-new", "2"]) == 0  # fmt: skip
+    monkeypatch.setenv("LOOPLM_MAX_LOOPS", "many")
+    assert "LOOPLM_MAX_LOOPS='many'" in _fails_fast(["eval", str(ckpt), "--depths", "1"], capsys)
+
+
+def test_sweep_grid_depths_have_the_same_ceiling():
+    from looplm.device import depth_list
+    from looplm.errors import LoopLMError
+
+    with pytest.raises(LoopLMError, match="1 … 256") as info:
+        depth_list([4, 8, 1000], "evaluate.depths")
+    assert "--max-loops" not in str(info.value)  # a grid has no such flag: the variable only
+    assert "LOOPLM_MAX_LOOPS=1000" in str(info.value)
+
+
+def test_a_backwards_depth_range_keeps_its_own_message(ckpt, capsys):
+    assert "runs backwards" in _fails_fast(["eval", str(ckpt), "--depths", "5-1"], capsys)
+
+
+def test_out_of_range_messages_name_the_range(ckpt, capsys):
+    line = _fails_fast(["diagnose", str(ckpt), "--batches", "0"], capsys)
+    assert "--batches 0" in line and ">= 1" in line
+    line = _fails_fast(["diagnose", str(ckpt), "--check-steps", "-1"], capsys)
+    assert "--check-steps -1" in line and ">= 0" in line
+
+
+# ----------------------------------------------------------------------------- output paths
+def test_eval_out_that_is_a_folder_is_refused_before_the_evaluation(ckpt, tmp_path, capsys):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    line = _fails_fast(["eval", str(ckpt), "--depths", "1,2", "--out", str(folder)], capsys)
+    assert str(folder) in line and "is a folder" in line
+    under_file = tmp_path / "afile"
+    under_file.write_text("x")
+    line = _fails_fast(
+        ["eval", str(ckpt), "--depths", "1", "--out", str(under_file / "r.json")], capsys
+    )
+    assert str(under_file) in line and "must be a folder" in line
