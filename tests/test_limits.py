@@ -124,3 +124,115 @@ def test_eval_out_that_is_a_folder_is_refused_before_the_evaluation(ckpt, tmp_pa
         ["eval", str(ckpt), "--depths", "1", "--out", str(under_file / "r.json")], capsys
     )
     assert str(under_file) in line and "must be a folder" in line
+
+
+# ----------------------------------------------------------------------------- bad settings
+def test_an_empty_out_dir_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = _fails_fast(["train", "tiny_bool", "train.steps=1", "out_dir=", *TINY], capsys)
+    assert "out_dir=" in line and "empty" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current folder
+
+
+def test_an_out_dir_that_is_a_file_is_named(tmp_path, capsys):
+    afile = tmp_path / "run"
+    afile.write_text("not a folder")
+    line = _fails_fast(["train", "tiny_bool", "train.steps=1", f"out_dir={afile}", *TINY], capsys)
+    assert f"out_dir={afile}" in line and "must be a folder" in line
+    assert afile.read_text() == "not a folder"
+
+
+def test_an_empty_config_file_is_refused(tmp_path, capsys):
+    for i, text in enumerate(["", "# only a comment\n"]):
+        cfg = tmp_path / f"empty{i}.yaml"
+        cfg.write_text(text)
+        out = tmp_path / f"run{i}"
+        line = _fails_fast(["train", str(cfg), "train.steps=1", f"out_dir={out}"], capsys)
+        assert str(cfg) in line and "empty" in line
+        assert not out.exists()
+
+
+def test_seq_len_on_a_task_checkpoint_is_refused(ckpt, tmp_path, capsys):
+    argv = ["diagnose", str(ckpt), "--seq-len", "8", "--out", str(tmp_path / "d")]
+    line = _fails_fast(argv, capsys)
+    assert "--seq-len 8" in line and "text checkpoints only" in line
+
+
+def _store_with(path: Path, methods: list[str]) -> Path:
+    from looplm.results.store import EvalRecord, ResultsStore
+
+    with ResultsStore(path) as st:
+        st.put_many(
+            [
+                EvalRecord(
+                    model_hash=m,
+                    method=m,
+                    protocol="p",
+                    dataset="d",
+                    split="test",
+                    depth=1,
+                    seed=s,
+                    n_tokens=10,
+                    sum_nll=20.0 + s,
+                )  # fmt: skip
+                for m in methods
+                for s in (0, 1, 2)
+            ]
+        )
+    return path
+
+
+def test_report_refuses_an_unknown_reference(tmp_path, capsys):
+    store = _store_with(tmp_path / "r.sqlite", ["scse", "looped"])
+    argv = ["report", str(store), "--no-figures", "--out", str(tmp_path / "rep")]
+    line = _fails_fast([*argv, "--reference", "nosuch"], capsys)
+    assert "'nosuch'" in line and "looped, scse" in line
+    assert not (tmp_path / "rep").exists()
+    assert main([*argv, "--reference", "looped"]) == 0  # a method of the store still works
+
+
+# ----------------------------------------------------------------------------- lost work
+def _start_training(out: Path, *extra: str) -> subprocess.Popen:
+    """``looplm train`` in another process, long enough to be caught holding its folder."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LOOPLM_NO_PROGRESS": "1"}
+    argv = ["train", "tiny_bool", "train.steps=100000", "train.log_every=1", f"out_dir={out}"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "looplm", *argv, *TINY, *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_for_steps(proc: subprocess.Popen, n: int, limit_s: float = 60) -> None:
+    """Read ``proc``'s progress lines until it has logged step ``n``."""
+    deadline = time.monotonic() + limit_s
+    for line in proc.stderr:
+        if line.startswith(f"step {n}/"):
+            return
+        assert time.monotonic() < deadline, "the training did not start in time"
+    raise AssertionError("the training ended early")
+
+
+def test_a_second_training_into_a_busy_folder_fails_at_once(tmp_path, capsys):
+    out = tmp_path / "run"
+    first = _start_training(out)
+    try:
+        _wait_for_steps(first, 2)
+        line = _fails_fast(["train", "tiny_bool", "train.steps=1", f"out_dir={out}", *TINY], capsys)
+        assert str(out) in line and f"pid {first.pid}" in line and "--resume" in line
+        line = _fails_fast(
+            ["train", "tiny_bool", "train.steps=1", f"out_dir={out}", "--overwrite", *TINY], capsys
+        )
+        assert f"pid {first.pid}" in line
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM
+    # the first run's checkpoint is its own, and a resume may take the folder over at once
+    from looplm.checkpoint import read_meta
+
+    step = read_meta(out / "ckpt")["state"]["step"]
+    assert step >= 2
+    argv = ["train", "tiny_bool", f"train.steps={step + 1}", f"out_dir={out}", "--resume", *TINY]
+    assert main(argv) == 0

@@ -107,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
         check_positive_int("--batch-size", args.batch_size)
     from looplm.device import parse_depths
     from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
-    from looplm.limits import check_loops, check_output_file
     from looplm.evaluate.records import adaptive_records, eval_tag
     from looplm.io import atomic_write_json
+    from looplm.limits import check_loops, check_output_file
 
     if args.ceiling is not None:
         check_loops("--ceiling", args.ceiling, offer_flag=False)

@@ -60,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
     from looplm.evaluate import evaluate_checkpoint
     from looplm.evaluate.records import eval_tag
     from looplm.io import atomic_write_json
-
     from looplm.limits import check_output_file
 
     depths = parse_depths(args.depths, args.max_loops)
