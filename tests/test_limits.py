@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -236,3 +237,58 @@ def test_a_second_training_into_a_busy_folder_fails_at_once(tmp_path, capsys):
     assert step >= 2
     argv = ["train", "tiny_bool", f"train.steps={step + 1}", f"out_dir={out}", "--resume", *TINY]
     assert main(argv) == 0
+
+
+# ----------------------------------------------------------------------------- signals
+_DEMO = textwrap.dedent(
+    """
+    import sys
+    import looplm.demo as demo
+    from looplm.cli import main
+
+    real = demo.load_config
+    demo.DEPTHS = [1, 2]
+    demo.BUDGETS = {"default": (2, 16), "quick": (2, 16)}
+
+    def load_config(name, overrides):  # the second method trains until it is stopped
+        cfg = real(name, [*overrides, "model.d_model=32", "model.n_heads=2", "model.d_ff=64"])
+        if cfg.model.recurrence == "scse":
+            cfg.train.steps = 100000
+        return cfg
+
+    demo.load_config = load_config
+    sys.exit(main(["demo", "--out", sys.argv[1], "--methods", "looped,scse,tuned_adapter"]))
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_whole_demo_and_keeps_what_was_finished(tmp_path, signum):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LOOPLM_NO_PROGRESS": "1"}
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DEMO, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seen: list[str] = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("[demo] training scse"):
+                break
+        time.sleep(1.0)  # inside the second training
+        proc.send_signal(signum)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    assert "[demo] training tuned_adapter" not in rest  # the command stopped, not one training
+    assert signal.Signals(signum).name in err and "Traceback" not in err
+    kept = json.loads((out / "results.json").read_text())
+    assert set(kept["methods"]) == {"looped"} and kept["interrupted"] is True
+    assert (out / "scse" / "ckpt" / "model.safetensors").exists()  # resumable
