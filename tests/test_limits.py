@@ -292,3 +292,38 @@ def test_a_signal_stops_the_whole_demo_and_keeps_what_was_finished(tmp_path, sig
     kept = json.loads((out / "results.json").read_text())
     assert set(kept["methods"]) == {"looped"} and kept["interrupted"] is True
     assert (out / "scse" / "ckpt" / "model.safetensors").exists()  # resumable
+
+
+# ----------------------------------------------------------------------------- tracebacks
+def test_export_onto_a_full_disk_is_one_line(ckpt, tmp_path, monkeypatch, capsys):
+    """safetensors' writer reports a full disk as its own exception type (what a real full
+    file system gives, simulated in-process)."""
+    import safetensors
+    import safetensors.torch
+
+    def disk_full(*args, **kwargs):
+        raise safetensors.SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    monkeypatch.setattr(safetensors.torch, "serialize_file", disk_full)
+    out = tmp_path / "hf"
+    capsys.readouterr()
+    assert main(["export", str(ckpt), str(out)]) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert str(out) in line and "no space left" in line
+    assert not out.exists() and not (tmp_path / ".hf.tmp").exists()
+
+
+def test_lm_eval_with_an_unknown_task_is_one_line(ckpt, monkeypatch, capsys):
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'looplm[lmeval]')")
+    import lm_eval.tasks
+
+    class OwnTasksOnly(lm_eval.tasks.TaskManager):  # skip indexing the harness's ~10k tasks
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "include_defaults": False})
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", OwnTasksOnly)
+    argv = ["lm-eval", "--model", "looplm", "--model_args", f"pretrained={ckpt}"]
+    line = _fails_fast([*argv, "--tasks", "nosuchtask"], capsys, limit_s=60)
+    assert "nosuchtask" in line and "lm-eval ls tasks" in line
