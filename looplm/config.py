@@ -336,6 +336,11 @@ def load_config(path_or_name: str | None, overrides: list[str] | None = None) ->
             loaded = load_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise LoopLMError(f"config {path}: not valid YAML ({yaml_problem(exc)})") from None
+        if not loaded:  # an empty file (or only comments) would train the defaults silently
+            raise LoopLMError(
+                f"config {path} is empty; give at least one setting (e.g. model.recurrence: "
+                "scse), or a config name such as tiny_bool"
+            )
         if not isinstance(loaded, dict):
             raise LoopLMError(f"config {path}: top level must be a mapping")
         raw = loaded

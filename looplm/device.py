@@ -32,8 +32,12 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return torch.device(name)
 
 
-def parse_depths(text: str) -> list[int]:
-    """'4,8,12' → [4, 8, 12]; ranges too: '1-4,8' → [1, 2, 3, 4, 8]. Depths must be >= 1."""
+def parse_depths(text: str, max_loops: int | None = None, offer_flag: bool = True) -> list[int]:
+    """'4,8,12' → [4, 8, 12]; ranges too: '1-4,8' → [1, 2, 3, 4, 8]. Depths must lie in
+    1 … the loop ceiling (:func:`looplm.limits.loop_limit`; ``max_loops`` raises it;
+    ``offer_flag``: the error may suggest ``--max-loops``)."""
+    from looplm.limits import check_loops
+
     depths: list[int] = []
     try:
         for part in (p.strip() for p in text.split(",")):
@@ -47,9 +51,12 @@ def parse_depths(text: str) -> list[int]:
                 a, b = int(lo), int(hi)
                 if b < a:
                     raise LoopLMError(f"--depths {text!r}: range {part!r} runs backwards")
+                check_loops("--depths", b, max_loops, offer_flag)  # before the range is spelled out
                 depths.extend(range(a, b + 1))
             else:
                 depths.append(int(part))
+    except LoopLMError:  # a ValueError too: keep its own message
+        raise
     except ValueError:
         raise LoopLMError(
             f"--depths {text!r}: expected comma-separated integers or ranges like 1-48"
@@ -57,17 +64,18 @@ def parse_depths(text: str) -> list[int]:
     bad = [d for d in depths if d < 1]
     if not depths or bad:
         raise LoopLMError(f"--depths {text!r}: loop depths must be integers >= 1")
+    check_loops("--depths", depths, max_loops, offer_flag)
     return depths
 
 
 def depth_list(value: Any, where: str) -> list[int]:
     """Depths from a config value: a list, an integer or a string like ``1-48,96``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    elif isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
     if isinstance(value, str):
-        return parse_depths(value)
-    if isinstance(value, int):
-        return parse_depths(str(value))
-    if isinstance(value, (list, tuple)):
-        return parse_depths(",".join(str(v) for v in value))
+        return parse_depths(value, offer_flag=False)
     raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
 
 

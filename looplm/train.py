@@ -27,6 +27,7 @@ import base64
 import contextlib
 import json
 import math
+import os
 import random
 import resource
 import signal
@@ -67,7 +68,12 @@ from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model import model_from_config
 from looplm.model.block import Block
-from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
+from looplm.run_folder import (
+    check_resume_config,
+    progress_line,
+    training_lock,
+    with_absolute_paths,
+)
 from looplm.targets import IGNORE_INDEX
 
 
@@ -528,12 +534,22 @@ def fit(
     (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
     validation then, and ``fit(cfg, resume=True)`` continues exactly.
     """
+    from looplm.limits import check_output_folder
+
+    check_output_folder("out_dir=", cfg.out_dir)
     cfg = with_absolute_paths(cfg)
-    ts = setup(cfg, resume=resume)
-    try:
-        return _fit(ts, cfg, progress, quiet, list(callbacks))
-    finally:
-        cleanup(ts.dist)
+    # one training per run folder (rank 0 holds the lock for all ranks of a torchrun job)
+    lock = (
+        training_lock(cfg.out_dir)
+        if os.environ.get("RANK", "0") == "0"
+        else contextlib.nullcontext()
+    )
+    with lock:
+        ts = setup(cfg, resume=resume)
+        try:
+            return _fit(ts, cfg, progress, quiet, list(callbacks))
+        finally:
+            cleanup(ts.dist)
 
 
 def _stop_reason(

@@ -109,7 +109,11 @@ def run(args: argparse.Namespace) -> int:
     from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
     from looplm.evaluate.records import adaptive_records, eval_tag
     from looplm.io import atomic_write_json
+    from looplm.limits import check_loops, check_output_file
 
+    if args.ceiling is not None:
+        check_loops("--ceiling", args.ceiling, offer_flag=False)
+    check_output_file("--out", args.out)
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     optional = {}
     if args.budgets:
@@ -135,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
         skip=not args.no_skip,
         timing_repeats=args.timing_repeats,
         time_dense=args.time_dense,
-        timing_depths=parse_depths(args.timing_depths) if args.timing_depths else (),
+        timing_depths=parse_depths(args.timing_depths, offer_flag=False)
+        if args.timing_depths
+        else (),
         device=args.device,
         progress=True,
     )

@@ -93,12 +93,14 @@ def _fmt(v, spec: str = ".3g") -> str:
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    from looplm.limits import check_int_range, check_loops
+
     if args.loops < 1:
         raise LoopLMError(f"--loops {args.loops}: the loop depth T must be an integer >= 1")
+    check_loops("--loops", args.loops, offer_flag=False)
     for name in ("batches", "batch_size", "steer_inputs", "check_steps"):
-        v = getattr(args, name)
-        if v < (1 if name in ("batches", "batch_size") else 0):
-            raise LoopLMError(f"--{name.replace('_', '-')} {v} is out of range")
+        lo = 1 if name in ("batches", "batch_size") else 0
+        check_int_range(f"--{name.replace('_', '-')}", getattr(args, name), lo)
     if args.device not in ("auto", "cpu", "cuda"):
         raise LoopLMError(f"--device {args.device!r}; allowed: auto, cpu, cuda")
     if args.threads is not None and args.threads < 1:

@@ -31,6 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="4,8,12,16,24,32,48",
         help="comma-separated loop depths or ranges (1-48)",
     )
+    p.add_argument(
+        "--max-loops",
+        type=int,
+        help="allow depths above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one",
+    )
     p.add_argument("--dataset", help="evaluate on another dataset (held-out transfer)")
     p.add_argument("--split", help="evaluation split (default: the run's eval split)")
     p.add_argument("--data-dir", help="folder with local corpora")
@@ -55,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     from looplm.evaluate import evaluate_checkpoint
     from looplm.evaluate.records import eval_tag
     from looplm.io import atomic_write_json
+    from looplm.limits import check_output_file
 
-    depths = parse_depths(args.depths)
+    depths = parse_depths(args.depths, args.max_loops)
+    check_output_file("--out", args.out)  # before the evaluation, not after it
     for flag, value in (("--batch-size", args.batch_size), ("--max-tokens", args.max_tokens)):
         if value is not None:
             check_positive_int(flag, value)

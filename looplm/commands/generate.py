@@ -60,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tokens to generate (printed as they are made; Ctrl-C stops)",
     )
     p.add_argument("--loops", type=int, default=8, help="loop depth T")
+    p.add_argument(
+        "--max-loops",
+        type=int,
+        help="allow --loops above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -89,9 +94,11 @@ def run(args: argparse.Namespace) -> int:
     from looplm.data import get_tokenizer
     from looplm.errors import LoopLMError
     from looplm.generate import decode
+    from looplm.limits import check_loops as check_limit
     from looplm.model.lm import check_loops
 
     check_loops(args.loops)
+    check_limit("--loops", args.loops, args.max_loops)
     if args.max_new < 1:
         raise LoopLMError(f"--max-new {args.max_new} must be >= 1")
     _check_sampling(args)

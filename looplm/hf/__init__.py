@@ -27,7 +27,7 @@ import os
 import shutil
 from pathlib import Path
 
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, os_error_in
 
 HERE = Path(__file__).resolve().parent
 CODE_FILES = ("configuration_looplm.py", "modeling_looplm.py")
@@ -112,6 +112,9 @@ def export_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
             raise OSError(exc.errno, exc.strerror, str(out)) from exc  # name the export folder
+        fault = None if isinstance(exc, OSError) else os_error_in(exc, out)
+        if fault is not None:  # safetensors' writer: a full disk comes as a SafetensorError
+            raise fault from exc
         raise
     return out
 

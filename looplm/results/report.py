@@ -400,6 +400,21 @@ def _build(r: ReportContext) -> None:
 
 
 # long: the report's sections in reading order
+def _check_reference(reference: str, records: list, store_path: str | os.PathLike) -> None:
+    """A reference that names no method at all is a typo, not a table without paired deltas:
+    refuse it before any work. A registered method missing from this store (the default ``scse``
+    on a store of baselines) keeps today's note in each table instead."""
+    from looplm.model import recurrence_names
+
+    in_store = sorted({r.method for r in records})
+    if reference in in_store or reference in recurrence_names():
+        return
+    raise LoopLMError(
+        f"reference {reference!r} is not a method; allowed (the methods in {store_path}): "
+        f"{', '.join(in_store)}"
+    )
+
+
 def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -442,6 +457,7 @@ def write_report(
     records = load_records(store_path)
     if not records:
         raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
+    _check_reference(reference, records, store_path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     b = ReportContext(
