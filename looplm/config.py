@@ -95,8 +95,8 @@ class ModelConfig:
     rope_layout: str = "half"  # half (rotate-half) | interleaved (pairs 2i, 2i+1)
     value_embed_layers: list[int] = field(default_factory=list)  # layers (prelude, core, coda
     # order) whose values add a gated per-token value embedding
-    sequential_sums: bool = False  # layer outputs summed (x + a) + m as the usual residual
-    # stream does (rounding only; looplm's own: x + (a + m))
+    reference_rounding: bool = False  # operation order of reference implementations (layer
+    # sums left to right, RoPE frequencies 1/base^(2i/hs)): rounding only, for foreign checkpoints
     tie_head: bool = True  # output head tied to the token embedding; False: its own matrix
     emb_scale: float = 1.0  # the token embedding is multiplied by this
     final_norm: bool = True  # the readout normalises h first; False: it reads h as is

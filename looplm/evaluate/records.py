@@ -58,7 +58,7 @@ _MODEL_ADDED = {
     "mlp": "swiglu",
     "rope_layout": "half",
     "value_embed_layers": [],
-    "sequential_sums": False,
+    "reference_rounding": False,
     "tie_head": True,
     "emb_scale": 1.0,
     "final_norm": True,

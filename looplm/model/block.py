@@ -23,8 +23,9 @@ Options (keyword arguments; every default is the block above, computed by the sa
   bias-free, so ``G(0) = 0`` still holds.
 * ``mlp``: ``swiglu`` (above) or ``relu2``, ``W_down(½·relu(W_up x)²)``; both map 0 to 0.
 * ``rope_layout``: ``half`` (rotate-half, above) or ``interleaved`` (pairs (2i, 2i+1) rotated).
-* ``sequential_sums``: :meth:`Block.advance` sums the layer's output ``(x + a) + m`` left to
-  right as the usual residual stream does (rounding only; ``x + G(x)`` otherwise).
+* ``reference_rounding``: the operation order of the reference implementations, which changes
+  rounding only: :meth:`Block.advance` sums the layer's output ``(x + a) + m`` left to right as
+  a residual stream does (``x + G(x)`` otherwise), and RoPE's frequencies are ``1 / base^(2i/hs)``.
 * ``value_embed`` = V > 0: value embeddings — the values get
   ``2σ(W_g x[:, :gate_width]) · VE[token]`` added per key/value head (the block then reads the
   pass's token ids). **Breaks** ``G(0) = 0``: a zero state still sees its tokens' values.
@@ -128,14 +129,17 @@ NORM_PLACEMENTS = ("pre", "sandwich", "sandwich_sum")
 MLP_KINDS = ("swiglu", "relu2")
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, base: float, layout: str = "half") -> torch.Tensor:
+def rope(
+    x: torch.Tensor, pos: torch.Tensor, base: float, layout: str = "half", reference: bool = False
+) -> torch.Tensor:
     """Rotary position embedding (RoFormer): x (B, nh, L, hs) rotated by the angles
     ``pos · base^(−2i/hs)``; pos (L,) or (B, L) integer positions. The score of a rotated
     query at p and key at p' depends on p − p' only (relative positions).
 
     ``half``: dimension i pairs with i + hs/2 ("rotate half"). ``interleaved``: dimension 2i pairs
     with 2i + 1 (the complex-number form), computed in float32 and cast back as its reference
-    implementations do."""
+    implementations do. ``reference``: the frequencies rounded as ``1 / base^(2i/hs)`` (the
+    reference implementations' order) instead of ``base^(−2i/hs)``."""
     hs = x.shape[-1]
     half = hs // 2
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -150,7 +154,10 @@ def rope(x: torch.Tensor, pos: torch.Tensor, base: float, layout: str = "half") 
         out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2)
         out = out.to(x.dtype)
         return out if 2 * half == hs else torch.cat([out, x[..., 2 * half :]], dim=-1)
-    inv = base ** (-torch.arange(half, device=x.device, dtype=wide) * 2.0 / hs)  # (half,)
+    if reference:
+        inv = 1.0 / base ** (torch.arange(0, 2 * half, 2, device=x.device, dtype=wide) / hs)
+    else:
+        inv = base ** (-torch.arange(half, device=x.device, dtype=wide) * 2.0 / hs)  # (half,)
     ang = pos.to(wide)[..., None] * inv  # (…, L, half)
     if ang.dim() == 3:  # per-example positions (B, L, half) → broadcast over heads
         ang = ang[:, None]
@@ -182,8 +189,10 @@ class CausalSelfAttention(nn.Module):
         rope_layout: str = "half",
         value_embed: int = 0,
         value_gate_width: int = 32,
+        reference_rounding: bool = False,
     ) -> None:
         super().__init__()
+        self.reference_rounding = reference_rounding
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         self.rope_base = rope_base
@@ -240,7 +249,7 @@ class CausalSelfAttention(nn.Module):
 
     def _rotate(self, z: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if self.rope_base > 0:
-            z = rope(z, pos, self.rope_base, self.rope_layout)
+            z = rope(z, pos, self.rope_base, self.rope_layout, self.reference_rounding)
         if self.qk_norm:
             z = F.rms_norm(z, (z.shape[-1],))
         return z
@@ -377,10 +386,10 @@ class Block(nn.Module):
         rope_layout: str = "half",
         value_embed: int = 0,
         value_gate_width: int = 32,
-        sequential_sums: bool = False,
+        reference_rounding: bool = False,
     ) -> None:
         super().__init__()
-        self.sequential_sums = sequential_sums
+        self.reference_rounding = reference_rounding
         if norm_placement not in NORM_PLACEMENTS or mlp not in MLP_KINDS:
             raise LoopLMError(
                 f"norm_placement={norm_placement!r}, mlp={mlp!r}; allowed: "
@@ -401,6 +410,7 @@ class Block(nn.Module):
             rope_layout=rope_layout,
             value_embed=value_embed,
             value_gate_width=value_gate_width,
+            reference_rounding=reference_rounding,
         )
         self.norm2 = nn.RMSNorm(d_model, eps=eps)
         self.mlp = (SwiGLU if mlp == "swiglu" else ReLU2MLP)(d_model, d_ff, dropout)
@@ -420,11 +430,11 @@ class Block(nn.Module):
 
     def advance(self, x: torch.Tensor, **kw) -> torch.Tensor:
         """The layer's output ``x + G(x)`` (same arguments as :meth:`forward`). With
-        ``sequential_sums`` it is summed in the order of the usual residual stream —
+        ``reference_rounding`` it is summed in the order of the usual residual stream —
         ``(x + a) + m``, or the last norm itself for ``sandwich_sum`` — rather than through
         ``G``, so a checkpoint trained elsewhere gets its reference's rounding bit for bit.
         Otherwise (looplm's own models) and for active-row calls: ``x + G(x)``."""
-        if kw.get("active") is not None or not self.sequential_sums:
+        if kw.get("active") is not None or not self.reference_rounding:
             return x + self.forward(x, **kw)
         a = self.attn(self.norm1(x), kv=kw.get("kv"), mask=kw.get("mask"), tokens=kw.get("tokens"))
         if self.norm_placement == "pre":

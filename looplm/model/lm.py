@@ -153,7 +153,7 @@ class LanguageModelBase(nn.Module):
             mlp=c.mlp,
             rope_layout=c.rope_layout,
             value_embed=c.vocab_size if layer in c.value_embed_layers else 0,
-            sequential_sums=c.sequential_sums,
+            reference_rounding=c.reference_rounding,
         )
 
     def attention_mask(self, input_ids: torch.Tensor) -> torch.Tensor | None:

@@ -52,13 +52,14 @@ class HuginnFamily(Family):
         need(cfg, "tie_embeddings", path, True)
         if cfg.get("test_time_noise", 0):
             need(cfg, "test_time_noise", path, 0)
-        state = need(cfg, "state_init", path, ("like-init",))
+        need(cfg, "state_init", path, ("like-init",))
         std = math.sqrt(2 / (5 * d))  # init_values.std, times the embedding scale √E
         return ModelConfig(
             preset="tiny",
             recurrence="huginn",
             recurrence_args={
-                "state_init": "random" if state == "like-init" else "zero",
+                # zero: deterministic analyses; "random" is the reference's draw (σ below)
+                "state_init": "zero",
                 "init_std": std * math.sqrt(d),
             },
             vocab_size=cfg.get("padded_vocab_size") or need(cfg, "vocab_size", path),
@@ -68,7 +69,7 @@ class HuginnFamily(Family):
             d_ff=need(cfg, "intermediate_size", path),
             context=need(cfg, "block_size", path),
             dropout=0.0,
-            sequential_sums=True,
+            reference_rounding=True,
             norm_eps=float(need(cfg, "norm_eps", path)),
             positions="rope",
             rope_base=float(need(cfg, "rope_base", path)),

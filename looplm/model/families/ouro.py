@@ -67,7 +67,7 @@ class OuroFamily(Family):
             d_ff=need(cfg, "intermediate_size", path),
             context=need(cfg, "max_position_embeddings", path),
             dropout=0.0,
-            sequential_sums=True,
+            reference_rounding=True,
             norm_eps=eps,
             positions="rope",
             rope_base=hf_rope_base(cfg, path),

@@ -55,14 +55,15 @@ class ParcaeFamily(Family):
         mlp = self._check(cfg, path, d, heads)
         strategy = need(cfg, "init_strategy", path, tuple(INIT_SCALES))
         emb_scale, logit_scale = INIT_SCALES[strategy](d)
-        state = need(cfg, "state_init", path, ("like-init", "zero"))
+        need(cfg, "state_init", path, ("like-init", "zero"))
         return ModelConfig(
             preset="tiny",
             recurrence="parcae",
             recurrence_args={
                 "prelude_norm": bool(cfg.get("prelude_norm", False)),
                 "norm_eps": float(need(cfg, "norm_eps", path)),
-                "state_init": "random" if state == "like-init" else "zero",
+                # zero: deterministic analyses; "random" is the reference's draw (σ below)
+                "state_init": "zero",
                 "init_std": math.sqrt(2 / (5 * d)) * emb_scale,
             },
             vocab_size=cfg.get("padded_vocab_size") or need(cfg, "vocab_size", path),
@@ -72,7 +73,7 @@ class ParcaeFamily(Family):
             d_ff=need(cfg, "intermediate_size", path),
             context=need(cfg, "block_size", path),
             dropout=0.0,
-            sequential_sums=True,
+            reference_rounding=True,
             norm_eps=float(cfg["norm_eps"]),
             positions="rope",
             rope_base=ROPE_BASE,
