@@ -11,13 +11,15 @@ import torch
 from pretrained_common import (
     check_batched_equals_one_by_one,
     check_cached_equals_uncached,
-    close as _close,
     fixture,
     load,
     logits_at,
     meta_parameter_count,
     published,
     reference,
+)
+from pretrained_common import (
+    close as _close,
 )
 
 from looplm.generate import decode
