@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -756,6 +757,8 @@ class Server:
             def handle_exit(self, sig, frame) -> None:
                 outer.state.draining = True
                 super().handle_exit(sig, frame)
+                if sig == signal.SIGTERM and sig in self._captured_signals:
+                    self._captured_signals.remove(sig)  # a drained SIGTERM is a clean stop: exit 0
 
         self.uvicorn = _Uvicorn(config)
 
