@@ -187,7 +187,7 @@ def test_chat_needs_a_template_and_the_plain_one_is_documented(tiny, server) -> 
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4)
-    from looplm.serve.app import plain_chat_prompt
+    from looplm.serve.calls import plain_chat_prompt
 
     state.settings.chat_template = "plain"  # read per request
     try:

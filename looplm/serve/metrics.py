@@ -45,79 +45,74 @@ class Metrics:
         recent = [t for t in list(self._recent) if t >= now - RATE_WINDOW]
         return len(recent) / RATE_WINDOW
 
+    # long: one row per exported metric (name, type, help, samples), formatted one field a line
     def render(self, *, queued: int, running: int, slots: int, draining: bool) -> str:
-        """The Prometheus exposition text."""
+        """The Prometheus exposition text: ``# HELP``, ``# TYPE`` and the samples of each."""
         mean = self.loop_steps / self.generated_tokens if self.generated_tokens else 0.0
-        out: list[str] = []
-
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {value:g}" for labels, value in samples)
-
         reqs = sorted(self.requests.items())
-        metric(
-            "looplm_requests_total",
-            "counter",
-            "HTTP requests answered, by route and status code.",
-            [(f'{{route="{r}",status="{s}"}}', n) for (r, s), n in reqs] or [("", 0)],
-        )
-        metric("looplm_queue_depth", "gauge", "Sequences waiting for a slot.", [("", queued)])
-        metric("looplm_running", "gauge", "Sequences in the running batch.", [("", running)])
-        metric("looplm_slots", "gauge", "Sequences the batch may hold.", [("", slots)])
-        metric(
-            "looplm_draining",
-            "gauge",
-            "1 after SIGTERM: new requests refused.",
-            [("", int(draining))],
-        )
-        metric(
-            "looplm_prompt_tokens_total",
-            "counter",
-            "Prompt tokens admitted.",
-            [("", self.prompt_tokens)],
-        )
-        metric(
-            "looplm_generated_tokens_total",
-            "counter",
-            "Tokens generated.",
-            [("", self.generated_tokens)],
-        )
-        metric(
-            "looplm_tokens_per_second",
-            "gauge",
-            f"Tokens generated per second over the last {RATE_WINDOW:g} s.",
-            [("", round(self.tokens_per_second(), 3))],
-        )
-        metric(
-            "looplm_loop_steps_total",
-            "counter",
-            "Loop steps that chose the generated tokens (sum of per-token depths).",
-            [("", self.loop_steps)],
-        )
-        metric(
-            "looplm_mean_loops_per_token",
-            "gauge",
-            "Mean loop depth per generated token since the start.",
-            [("", round(mean, 4))],
-        )
-        metric(
-            "looplm_halted_tokens_total",
-            "counter",
-            "Generated tokens a halting rule stopped before the loop ceiling, by rule.",
-            [(f'{{rule="{r}"}}', n) for r, n in sorted(self.halted_tokens.items())]
-            or [('{rule="none"}', 0)],
-        )
-        metric(
-            "looplm_cancelled_total",
-            "counter",
-            "Sequences ended early (stop string, client gone, timeout).",
-            [("", self.cancelled)],
-        )
-        metric(
-            "looplm_rejected_total",
-            "counter",
-            "Requests refused with 429 (queue full).",
-            [("", self.rejected_full)],
-        )
+        halted = sorted(self.halted_tokens.items())
+        table = [  # (name, type, help, [(labels, value)])
+            (
+                "requests_total",
+                "counter",
+                "HTTP requests answered, by route and status code.",
+                [(f'{{route="{r}",status="{s}"}}', n) for (r, s), n in reqs] or [("", 0)],
+            ),
+            ("queue_depth", "gauge", "Sequences waiting for a slot.", [("", queued)]),
+            ("running", "gauge", "Sequences in the running batch.", [("", running)]),
+            ("slots", "gauge", "Sequences the batch may hold.", [("", slots)]),
+            ("draining", "gauge", "1 after SIGTERM: new requests refused.", [("", int(draining))]),
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Prompt tokens admitted.",
+                [("", self.prompt_tokens)],
+            ),
+            (
+                "generated_tokens_total",
+                "counter",
+                "Tokens generated.",
+                [("", self.generated_tokens)],
+            ),
+            (
+                "tokens_per_second",
+                "gauge",
+                f"Tokens generated per second over the last {RATE_WINDOW:g} s.",
+                [("", round(self.tokens_per_second(), 3))],
+            ),
+            (
+                "loop_steps_total",
+                "counter",
+                "Loop steps that chose the generated tokens (sum of per-token depths).",
+                [("", self.loop_steps)],
+            ),
+            (
+                "mean_loops_per_token",
+                "gauge",
+                "Mean loop depth per generated token since the start.",
+                [("", round(mean, 4))],
+            ),
+            (
+                "halted_tokens_total",
+                "counter",
+                "Generated tokens a halting rule stopped before the loop ceiling, by rule.",
+                [(f'{{rule="{r}"}}', n) for r, n in halted] or [('{rule="none"}', 0)],
+            ),
+            (
+                "cancelled_total",
+                "counter",
+                "Sequences ended early (stop string, client gone, timeout).",
+                [("", self.cancelled)],
+            ),
+            (
+                "rejected_total",
+                "counter",
+                "Requests refused with 429 (queue full).",
+                [("", self.rejected_full)],
+            ),
+        ]
+        out: list[str] = []
+        for name, kind, help_, samples in table:
+            out += [f"# HELP looplm_{name} {help_}", f"# TYPE looplm_{name} {kind}"]
+            out += [f"looplm_{name}{labels} {value:g}" for labels, value in samples]
         return "\n".join(out) + "\n"
