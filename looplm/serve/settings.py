@@ -37,9 +37,8 @@ class ServeSettings:
     slide: int = 1  # tokens the window advances when generation passes the context
     request_timeout: float = 120.0  # seconds a request may take, queue wait included (then 504)
     drain_timeout: float = 30.0  # on SIGTERM, seconds in-flight requests get to finish
-    chat_template: str = (
-        "none"  # chat prompt format: none (chat answers 400) | plain (User:/Assistant:)
-    )
+    # chat prompt format: none (chat answers 400) | plain (documented User:/Assistant: turns)
+    chat_template: str = "none"
     threads: int = 0  # torch CPU threads (0: torch's default)
 
     def validate(self) -> None:
