@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "looplm.commands.export",
     "looplm.commands.settings",
     "looplm.commands.lmeval",
+    "looplm.commands.serve",
 ]
 
 
