@@ -61,9 +61,13 @@ def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
     same folder fails at once instead of silently replacing the first one's checkpoint and
     metrics. The lock is the sweep cells' (:func:`looplm.io.file_lock`): the operating system
     releases it when the holder exits, kill -9 included, so a dead run never blocks a resume.
-    The lock file names its holder (pid, host, start time) for the error message."""
+    The lock file names its holder (pid, host, start time) for the error message. Under torchrun
+    rank 0 holds it for every rank of the job (the other ranks take no lock)."""
     from looplm.io import file_lock
 
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
     path = Path(out_dir) / TRAIN_LOCK
     with file_lock(path, wait=False) as held:
         if not held:

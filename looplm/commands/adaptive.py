@@ -102,6 +102,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# long: every option of the command mapped onto evaluate_adaptive_checkpoint
 def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None:
         check_positive_int("--batch-size", args.batch_size)

@@ -399,7 +399,6 @@ def _build(r: ReportContext) -> None:
     r.json["figures"] = [str(p.relative_to(r.out_dir)) for p in r.figures]
 
 
-# long: the report's sections in reading order
 def _check_reference(reference: str, records: list, store_path: str | os.PathLike) -> None:
     """A reference that names no method at all is a typo, not a table without paired deltas:
     refuse it before any work. A registered method missing from this store (the default ``scse``
@@ -415,6 +414,7 @@ def _check_reference(reference: str, records: list, store_path: str | os.PathLik
     )
 
 
+# long: the report's sections in reading order
 def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,
