@@ -150,6 +150,20 @@ def test_pretrained_hrm_text_halted_tokens_write_keys_values_only(model):
     assert torch.equal(halted.tokens, decode(model, prompt, 5, loops=1).tokens)
 
 
+def test_pretrained_hrm_text_imports_as_a_looplm_checkpoint(ref, folder, tmp_path):
+    """``import_pretrained`` writes a checkpoint every command reads: rebuilt from its own config
+    (block options, recurrence settings, frozen z₀), it gives the reference's logits."""
+    from looplm.checkpoint import load_checkpoint
+    from looplm.model.families import import_pretrained
+
+    loaded, cfg, _ = load_checkpoint(import_pretrained(folder, tmp_path / "ck"))
+    assert cfg.model.attn_gate and not cfg.model.norm_weight
+    assert not loaded.recurrence.z_L_init.requires_grad
+    with torch.no_grad():
+        want = ref(IDS).logits
+    close(logits_at(loaded, IDS, 2), want)
+
+
 def test_pretrained_hrm_text_refuses_what_it_cannot_compute(folder):
     from looplm.model.families import read_config
 
