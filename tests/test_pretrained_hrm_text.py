@@ -183,3 +183,18 @@ def test_pretrained_hrm_text_published_size_has_the_reference_parameter_count():
     with torch.device("meta"):
         want = transformers.HrmTextForCausalLM(transformers.HrmTextConfig(**keys)).num_parameters()
     assert meta_parameter_count(cfg) == want == 1_182_795_264
+
+
+def test_hrm_text_recurrence_needs_a_core_that_splits_into_two_stacks():
+    """A looplm-native hrm_text model: an odd k-layer core has no two equal stacks (one line);
+    a one-layer core serves as both (each step applies it inner_steps + 1 times)."""
+    ids = torch.randint(0, 257, (1, 6))
+    odd = looplm.build_model("tiny", "hrm_text", core_layers=3).eval()
+    with pytest.raises(LoopLMError, match="2 equal stacks"):
+        odd(ids, loops=1)
+    one = looplm.build_model("tiny", "hrm_text", inner_steps=2).eval()
+    calls = []
+    one.block.attn.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        one(ids, loops=2)
+    assert len(calls) == 2 * (2 + 1)
