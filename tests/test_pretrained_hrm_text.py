@@ -21,7 +21,7 @@ from pretrained_common import (
 
 import looplm
 from looplm.errors import LoopLMError
-from looplm.generate import decode
+from looplm.generate import KVCache, decode, next_logits
 from looplm.model.families import published_model_config
 
 transformers = pytest.importorskip("transformers", reason="the reference ships with transformers")
@@ -133,6 +133,22 @@ def test_pretrained_hrm_text_greedy_tokens_match_the_reference(ref, model):
 def test_pretrained_hrm_text_cached_equals_uncached(model):
     check_cached_equals_uncached(model, IDS[:, :5], loops=2)
     check_cached_equals_uncached(model, IDS[:1, :4], loops=3)
+
+
+def test_pretrained_hrm_text_cache_slots_are_the_reference_attention_invocations(ref, model):
+    """One KV slot per (cycle, stack, layer) invocation: the reference's inflated
+    ``num_hidden_layers``; token-by-token cached logits equal the reference's cached ones."""
+    cache = KVCache()  # the list cache: every append must be one invocation's own
+    ids = IDS[:1, :9]
+    with torch.no_grad():
+        next_logits(model, ids[:, :7], 2, cache)
+        out = ref(ids[:, :7], use_cache=True)
+        for n in (7, 8):
+            got = next_logits(model, ids[:, n : n + 1], 2, cache)
+            out = ref(ids[:, n : n + 1], cache=out.cache, use_cache=True)
+    assert len(cache.slots) == ref.config.num_hidden_layers == 16
+    assert all(k.shape[2] == 9 for k, _ in cache.slots)
+    close(got, out.logits[:, -1])
 
 
 def test_pretrained_hrm_text_batched_equals_one_by_one(model):
