@@ -103,6 +103,8 @@ class ModelConfig:
     coda_norm: bool = False  # the final norm (same gain) also applied to h_T before the coda
     logit_scale: float = 1.0  # logits multiplied by this
     logit_softcap: float = 0.0  # > 0: logits ← c·tanh(logits / c)
+    attn_gate: bool = False  # attention output gated per head and channel by σ(W_g x)
+    norm_weight: bool = True  # RMSNorms carry a learned gain; False: x / rms(x), no parameters
 
     @property
     def is_looped(self) -> bool:

@@ -65,6 +65,8 @@ _MODEL_ADDED = {
     "coda_norm": False,
     "logit_scale": 1.0,
     "logit_softcap": 0.0,
+    "attn_gate": False,
+    "norm_weight": True,
 }
 
 

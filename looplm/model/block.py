@@ -26,6 +26,10 @@ Options (keyword arguments; every default is the block above, computed by the sa
 * ``reference_rounding``: the operation order of the reference implementations, which changes
   rounding only: :meth:`Block.advance` sums the layer's output ``(x + a) + m`` left to right as
   a residual stream does (``x + G(x)`` otherwise), and RoPE's frequencies are ``1 / base^(2i/hs)``.
+* ``attn_gate``: output-gated attention — each head's output is multiplied by
+  ``σ(W_g x)`` (x the attention's normalised input, one gate per head and channel) before the
+  output projection. Keeps ``G(0) = 0`` (the attention output is 0 there).
+* ``norm_weight=False``: the block's RMSNorms carry no gain (``x / rms(x)``); keeps ``G(0) = 0``.
 * ``value_embed`` = V > 0: value embeddings — the values get
   ``2σ(W_g x[:, :gate_width]) · VE[token]`` added per key/value head (the block then reads the
   pass's token ids). **Breaks** ``G(0) = 0``: a zero state still sees its tokens' values.
@@ -190,6 +194,7 @@ class CausalSelfAttention(nn.Module):
         value_embed: int = 0,
         value_gate_width: int = 32,
         reference_rounding: bool = False,
+        attn_gate: bool = False,
     ) -> None:
         super().__init__()
         self.reference_rounding = reference_rounding
@@ -209,6 +214,8 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(dropout)
         self.value_embed = nn.Embedding(value_embed, self.kv_dim) if value_embed else None
         self.value_gate_width = value_gate_width
+        # Output gate σ(W_g x) per head and channel (attn_gate); None: ungated
+        self.gate = nn.Linear(d_model, d_model, bias=False) if attn_gate else None
         self.value_gate = (
             nn.Linear(value_gate_width, self.n_kv_heads, bias=False) if value_embed else None
         )
@@ -319,6 +326,8 @@ class CausalSelfAttention(nn.Module):
                 allowed = keys[None, None, None, :] <= (q_pos + _column(past))[:, None, :, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop, **gqa)
         y = y.transpose(1, 2)  # (B, Lq, nh, hs)
+        if self.gate is not None:  # the gate reads the same rows as the queries
+            y = torch.sigmoid(self.gate(x if active is None else xq)).view(y.shape) * y
         if active is not None:
             real = torch.arange(y.shape[1], device=x.device)[None, :] < counts[:, None]
             return self.resid_drop(self.proj(y.reshape(B, -1, d)[real]))  # (N_active, d)
@@ -387,6 +396,8 @@ class Block(nn.Module):
         value_embed: int = 0,
         value_gate_width: int = 32,
         reference_rounding: bool = False,
+        attn_gate: bool = False,
+        norm_weight: bool = True,
     ) -> None:
         super().__init__()
         self.reference_rounding = reference_rounding
@@ -398,7 +409,7 @@ class Block(nn.Module):
         if rope_layout not in ROPE_LAYOUTS:
             raise LoopLMError(f"rope_layout={rope_layout!r}; allowed: {', '.join(ROPE_LAYOUTS)}")
         self.norm_placement = norm_placement
-        self.norm1 = nn.RMSNorm(d_model, eps=eps)
+        self.norm1 = nn.RMSNorm(d_model, eps=eps, elementwise_affine=norm_weight)
         self.attn = CausalSelfAttention(
             d_model,
             n_heads,
@@ -411,12 +422,13 @@ class Block(nn.Module):
             value_embed=value_embed,
             value_gate_width=value_gate_width,
             reference_rounding=reference_rounding,
+            attn_gate=attn_gate,
         )
-        self.norm2 = nn.RMSNorm(d_model, eps=eps)
+        self.norm2 = nn.RMSNorm(d_model, eps=eps, elementwise_affine=norm_weight)
         self.mlp = (SwiGLU if mlp == "swiglu" else ReLU2MLP)(d_model, d_ff, dropout)
         if norm_placement != "pre":  # N₃ (after attention) and N₄ (after the MLP)
-            self.norm3 = nn.RMSNorm(d_model, eps=eps)
-            self.norm4 = nn.RMSNorm(d_model, eps=eps)
+            self.norm3 = nn.RMSNorm(d_model, eps=eps, elementwise_affine=norm_weight)
+            self.norm4 = nn.RMSNorm(d_model, eps=eps, elementwise_affine=norm_weight)
 
     def _after_attention(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """G from the block input x and the attention output a (the same rows)."""
@@ -504,6 +516,22 @@ class Core(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.n_layers = len(layers)
+        self._parts: dict[tuple[int, int], Core] = {}  # a plain dict: views stay unregistered
+
+    def part(self, index: int, parts: int) -> Core:
+        """Part ``index`` of ``parts`` equal runs of the layers, as a core of its own (the same
+        layer modules, not registered again): for a recurrence whose step applies the stacks of
+        its core separately (two stacks: ``parts=2``)."""
+        if self.n_layers % parts or not 0 <= index < parts:
+            raise LoopLMError(
+                f"part {index} of {parts}: a core of {self.n_layers} layers splits into "
+                f"{parts} equal stacks only when {parts} divides {self.n_layers}"
+            )
+        key = (index, parts)
+        if key not in self._parts:
+            size = self.n_layers // parts
+            self._parts[key] = Core(list(self.layers[index * size : (index + 1) * size]))
+        return self._parts[key]
 
     def forward(
         self,
@@ -577,3 +605,43 @@ class BlockCall:
         kv = self._slots()
         kw = {"kv": kv, "active": self.active, "mask": self.mask, "tokens": self.tokens}
         return self.block.advance(x, **kw)
+
+    def part(self, index: int, parts: int) -> PartCall:
+        """Part ``index`` of ``parts`` equal runs of the core's layers, bound as this call is
+        and taking this call's next slots (see :func:`core_part`)."""
+        return PartCall(self, self, core_part(self.block, index, parts))
+
+
+def core_part(core: nn.Module, index: int, parts: int) -> nn.Module:
+    """Part ``index`` of ``parts`` of a k-layer core (:meth:`Core.part`); a one-layer core is
+    every one of its parts (the stacks then share its weights)."""
+    if isinstance(core, Core):
+        return core.part(index, parts)
+    if not 0 <= index < parts:
+        raise LoopLMError(f"part {index} of {parts} does not exist")
+    return core
+
+
+class PartCall:
+    """A bound core (``owner``: a :class:`BlockCall` or a wrapper of one) applied with part of
+    its layers: each call puts ``module`` in place of ``holder.block`` for its duration, so the
+    bindings (cache slots in call order, active rows, mask) are the owner's own."""
+
+    def __init__(self, owner, holder, module: nn.Module) -> None:
+        self.owner, self.holder, self.module = owner, holder, module
+
+    def _run(self, fn, x: torch.Tensor) -> torch.Tensor:
+        whole = self.holder.block
+        self.holder.block = self.module
+        try:
+            return fn(x)
+        finally:
+            self.holder.block = whole
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """G_part(x)."""
+        return self._run(self.owner, x)
+
+    def advance(self, x: torch.Tensor) -> torch.Tensor:
+        """x + G_part(x), in the layers' own order."""
+        return self._run(self.owner.advance, x)

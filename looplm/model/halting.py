@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from looplm.errors import LoopLMError
+from looplm.model.block import PartCall, core_part
 from looplm.model.loss import chunk_rows
 from looplm.model.readout import log_probs, readout_kl, row_chunks
 from looplm.model.recurrences import LoopContext
@@ -329,6 +330,11 @@ class KeysValuesOnly:
         """x + G(x) with G = 0 here: the keys/values are written, the state is returned."""
         self(x)
         return x
+
+    def part(self, index: int, parts: int) -> PartCall:
+        """Part of the core's layers (:meth:`looplm.model.block.BlockCall.part`), keys and
+        values only."""
+        return PartCall(self, self.core, core_part(self.core.block, index, parts))
 
 
 # ============================================================================ per example

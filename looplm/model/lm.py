@@ -126,7 +126,11 @@ class LanguageModelBase(nn.Module):
         )
         self.emb_drop = nn.Dropout(cfg.dropout)
         # The final norm; without one (final_norm=false) the readout reads h itself.
-        self.norm_f = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.final_norm else nn.Identity()
+        self.norm_f = (
+            nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, elementwise_affine=cfg.norm_weight)
+            if cfg.final_norm
+            else nn.Identity()
+        )
         self.lm_head = None if cfg.tie_head else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     @property
@@ -154,6 +158,8 @@ class LanguageModelBase(nn.Module):
             rope_layout=c.rope_layout,
             value_embed=c.vocab_size if layer in c.value_embed_layers else 0,
             reference_rounding=c.reference_rounding,
+            attn_gate=c.attn_gate,
+            norm_weight=c.norm_weight,
         )
 
     def attention_mask(self, input_ids: torch.Tensor) -> torch.Tensor | None:

@@ -7,7 +7,8 @@ and every analysis run on it unchanged:
 
 * ``parcae`` — Parcae (``ParcaeConfig``; SandyResearch/parcae-140m … -1.3b),
 * ``huginn`` — Huginn-0125 (``RavenForCausalLM``; tomg-group-umd/huginn-0125),
-* ``ouro`` — Ouro (``OuroForCausalLM``; ByteDance/Ouro-1.4B, -2.6B).
+* ``ouro`` — Ouro (``OuroForCausalLM``; ByteDance/Ouro-1.4B, -2.6B),
+* ``hrm_text`` — HRM-Text (``HrmTextForCausalLM``; sapientinc/HRM-Text-1B).
 
 :func:`from_pretrained` returns the model (built on the meta device, then each tensor read into
 its own memory in the stored dtype); :func:`import_pretrained` writes it as a looplm checkpoint
@@ -28,11 +29,14 @@ import torch
 from looplm.config import EvalConfig, ModelConfig, RunConfig, TrainConfig
 from looplm.errors import LoopLMError
 from looplm.model.families.base import Family, load_weights, open_tensors
+from looplm.model.families.hrm_text import HrmTextFamily
 from looplm.model.families.huginn import HuginnFamily
 from looplm.model.families.ouro import OuroFamily
 from looplm.model.families.parcae import ParcaeFamily
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (ParcaeFamily(), HuginnFamily(), OuroFamily())}
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (ParcaeFamily(), HuginnFamily(), OuroFamily(), HrmTextFamily())
+}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

@@ -59,10 +59,12 @@ DTYPES = {
 @dataclass
 class Weight:
     """One looplm tensor ``target``: the published tensors ``sources`` (name → expected shape),
-    each flattened to the target's trailing shape and stacked along the first axis."""
+    each flattened to the target's trailing shape and stacked along the first axis. ``rows``
+    takes only the rows [a, b) of a source (one published tensor fused from several of looplm's)."""
 
     target: str
     sources: dict[str, tuple[int, ...]]
+    rows: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -178,13 +180,17 @@ class TensorFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.header[name]["shape"])
 
-    def read_into(self, name: str, dst: torch.Tensor) -> None:
-        """Copy tensor ``name`` into ``dst`` (contiguous, same number of elements), converting
-        the dtype when ``dst``'s differs."""
+    def read_into(self, name: str, dst: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+        """Copy tensor ``name`` (or its rows [a, b) along the first axis) into ``dst``
+        (contiguous, same number of elements), converting the dtype when ``dst``'s differs."""
         if self._pickle is not None:
-            dst.copy_(self._pickle[name].reshape(dst.shape))
+            src = self._pickle[name]
+            dst.copy_((src if rows is None else src[rows[0] : rows[1]]).reshape(dst.shape))
             return
         begin, end = self.header[name]["span"]
+        if rows is not None:  # row-major: rows [a, b) are one contiguous span
+            row_bytes = (end - begin) // max(1, self.shape(name)[0])
+            begin, end = begin + rows[0] * row_bytes, begin + rows[1] * row_bytes
         src_dtype = self.dtype(name)
         buf = dst if dst.dtype == src_dtype else torch.empty(dst.shape, dtype=src_dtype)
         raw = buf.view(-1).view(torch.uint8).numpy()
@@ -293,15 +299,20 @@ def _assemble(
         dtypes.add(tensors[src].dtype(src))
     stored = dtypes.pop() if len(dtypes) == 1 else torch.float32
     out = torch.empty(meta.shape, dtype=dtype or stored)
-    if sum(math.prod(s) for s in w.sources.values()) != out.numel():
+    sizes = {
+        src: math.prod(shape) // shape[0] * (w.rows[src][1] - w.rows[src][0])
+        if src in w.rows
+        else math.prod(shape)
+        for src, shape in w.sources.items()
+    }
+    if sum(sizes.values()) != out.numel():
         raise LoopLMError(
             f"{folder}: the sources of {w.target} do not fill its shape {list(out.shape)}"
         )
     flat = out.view(-1)
     at = 0
-    for src, shape in w.sources.items():
-        n = math.prod(shape)
-        tensors[src].read_into(src, flat[at : at + n])
+    for src, n in sizes.items():
+        tensors[src].read_into(src, flat[at : at + n], w.rows.get(src))
         at += n
     return out
 

@@ -10,6 +10,10 @@ projections, gains, step embeddings) and defines, in its own state coordinates:
     from_hidden(h, ctx)        -> state
     exit(h)                    -> coda input           (identity by default)
 
+``block`` is the bound core: ``block(x)`` = G(x), ``advance(block, x)`` = x + G(x), and
+``block.part(i, n)`` the same for part i of n equal runs of a k-layer core's layers (a loop of
+several stacks, e.g. HRM-Text's two).
+
 Adding a method = one file with a subclass decorated by ``@register``, in this folder (found by
 a package scan) or anywhere else as a plugin (:mod:`looplm.plugins`); ``LoopedLM`` never changes.
 The class also declares what the tests check it against: its equation and paper reference,
