@@ -452,7 +452,6 @@ class Block(nn.Module):
         if self.norm_placement == "pre":
             h = x + a
             return h + self.mlp(self.norm2(h))
-        a = self.attn(self.norm1(x), kv=kw.get("kv"), mask=kw.get("mask"), tokens=kw.get("tokens"))
         if self.norm_placement == "sandwich":
             h = x + self.norm3(a)
             return h + self.norm4(self.mlp(self.norm2(h)))

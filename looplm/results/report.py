@@ -66,6 +66,9 @@ from looplm.results.tables import (
 CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag", "calibration")
 PHI_BOOT = 200  # bootstrap resamples for φ's interval
 
+# The method paired deltas are taken against unless a report names another.
+DEFAULT_REFERENCE = "scse"
+
 
 # --------------------------------------------------------------------------- the report
 @dataclass
@@ -400,17 +403,14 @@ def _build(r: ReportContext) -> None:
 
 
 def _check_reference(reference: str, records: list, store_path: str | os.PathLike) -> None:
-    """A reference that names no method at all is a typo, not a table without paired deltas:
-    refuse it before any work. A registered method missing from this store (the default ``scse``
-    on a store of baselines) keeps today's note in each table instead."""
-    from looplm.model import recurrence_names
-
+    """A reference that is neither a method of this store nor the default reference is a typo,
+    not a table without paired deltas: refuse it before any work. (The default, absent from a
+    store of baselines, keeps today's note in each table instead.)"""
     in_store = sorted({r.method for r in records})
-    if reference in in_store or reference in recurrence_names():
+    if reference in in_store or reference == DEFAULT_REFERENCE:
         return
     raise LoopLMError(
-        f"reference {reference!r} is not a method; allowed (the methods in {store_path}): "
-        f"{', '.join(in_store)}"
+        f"reference {reference!r} is not a method of {store_path}; allowed: {', '.join(in_store)}"
     )
 
 
@@ -419,7 +419,7 @@ def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    reference: str = "scse",
+    reference: str = DEFAULT_REFERENCE,
     seeds: SeedSpec = "auto",
     train_depth_max: int = 8,
     allow_incomplete: bool = False,
