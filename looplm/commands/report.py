@@ -49,7 +49,7 @@ def key_tables(markdown: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Build the report; prints its paired-delta and φ tables and the paths written."""
-    from looplm.results.report import write_report
+    from looplm.results.report import DEFAULT_REFERENCE, write_report
 
     out = Path(args.out) if args.out else Path(args.store).resolve().parent / "report"
     result = write_report(
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         boot_seed=args.boot_seed,
         ppl_shift=args.ppl_shift,
         figures=not args.no_figures,
+        known_methods=[DEFAULT_REFERENCE],  # else a method of the store
     )
     if not args.quiet:
         tables = key_tables(Path(result.report_md).read_text(encoding="utf-8"))
