@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "looplm.commands.export",
     "looplm.commands.settings",
     "looplm.commands.lmeval",
+    "looplm.commands.import_",
 ]
 
 
