@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "looplm.commands.settings",
     "looplm.commands.lmeval",
     "looplm.commands.serve",
+    "looplm.commands.import_",
 ]
 
 
