@@ -327,3 +327,61 @@ def test_lm_eval_with_an_unknown_task_is_one_line(ckpt, monkeypatch, capsys):
     argv = ["lm-eval", "--model", "looplm", "--model_args", f"pretrained={ckpt}"]
     line = _fails_fast([*argv, "--tasks", "nosuchtask"], capsys, limit_s=60)
     assert "nosuchtask" in line and "lm-eval ls tasks" in line
+
+
+# ----------------------------------------------------------------------------- weak errors
+def _story(path: Path) -> Path:
+    words = "the river ran past the old mill and the miller watched the water".split()
+    docs = [" ".join(words[(i + j) % len(words)] for j in range(40)) for i in range(12)]
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_file_where_a_folder_belongs_is_named(ckpt, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    story = _story(tmp_path / "story.txt")
+    cases = [
+        ["data", "prepare", f"text:{story}", "--tokenizer", "bytes", "--out", str(afile)],
+        ["diagnose", str(ckpt), "--out", str(afile), "--batches", "1", "--loops", "2"],
+        ["demo", "--out", str(afile), "--methods", "scse"],
+        [
+            "train",
+            "own_text",
+            f"data.dataset=text:{story}",
+            f"data.cache_dir={afile}",
+            "train.steps=1",
+            f"out_dir={tmp_path / 'run'}",
+            *TINY,
+        ],  # fmt: skip
+        ["train", "tiny_bool", "train.steps=1", f"out_dir={afile / 'run'}", *TINY],
+    ]
+    for argv in cases:
+        capsys.readouterr()
+        code = _bounded(lambda argv=argv: main(argv), 60)
+        line = one_line_error(capsys.readouterr().err)
+        assert code in (1, 2) and str(afile) in line and "must be a folder" in line, argv
+        assert "File exists" not in line and "Not a directory" not in line
+    assert afile.read_text() == "x"
+
+
+def test_a_full_disk_under_the_store_says_disk_full(tmp_path, monkeypatch):
+    """SQLite reports a full disk during a journal write as a bare "disk I/O error"."""
+    import shutil
+    import sqlite3
+
+    from looplm.errors import LoopLMError
+    from looplm.results import store as store_mod
+
+    path = _store_with(tmp_path / "r.sqlite", ["scse"])
+    st = store_mod.ResultsStore(path)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=4096))
+
+    def io_error(conn):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    with pytest.raises(LoopLMError, match="disk full") as info:
+        st._retry(io_error)
+    assert str(path) in str(info.value)
+    assert [r.method for r in store_mod.load_records(path)] == ["scse"] * 3  # nothing lost
