@@ -385,3 +385,78 @@ def test_a_full_disk_under_the_store_says_disk_full(tmp_path, monkeypatch):
         st._retry(io_error)
     assert str(path) in str(info.value)
     assert [r.method for r in store_mod.load_records(path)] == ["scse"] * 3  # nothing lost
+
+
+# ----------------------------------------------------------------------------- token caches
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    import looplm.data.cache as cache
+    from looplm.cli import main
+
+    real = cache._batches
+    cache._BATCH_DOCS = 2
+
+    def stalls(docs):  # a long tokenization, caught half-written
+        for i, batch in enumerate(real(docs)):
+            yield batch
+            if i >= 2:
+                print("writing", flush=True)
+                time.sleep(600)
+
+    cache._batches = stalls
+    main(["data", "prepare", f"text:{sys.argv[1]}", "--tokenizer", "bytes", "--out", sys.argv[2]])
+    """
+)
+
+
+def _temporaries(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".*.tmp"))
+
+
+def test_a_killed_prepare_leaves_no_temporary_behind(tmp_path, capsys, caplog):
+    story = _story(tmp_path / "story.txt")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LOOPLM_NO_PROGRESS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(story), str(cache)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert _bounded(lambda: proc.stdout.readline(), 60) == "writing\n"
+        (left,) = _temporaries(cache)  # the half-written token file
+        # a live writer's temporary is not touched by another run in the same folder
+        argv = ["data", "prepare", f"text:{story}", "--tokenizer", "bytes", "--out", str(cache)]
+        assert main([*argv, "--split", "validation"]) == 0
+        assert _temporaries(cache) == [left]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert _temporaries(cache) == [left]  # what kill -9 leaves
+    caplog.clear()
+    assert main(argv) == 0
+    assert _temporaries(cache) == []  # the next run removed it (the writer is gone) ...
+    assert str(left) in caplog.text  # ... and said so
+    capsys.readouterr()
+    assert main(["data", "info", "--verify", str(cache)]) == 0
+    assert "[ok]" in capsys.readouterr().out
+
+
+def test_tokenizing_prints_progress_lines_where_no_bar_is_drawn(tmp_path, monkeypatch, capsys):
+    import looplm.data.cache as cache_mod
+
+    story = _story(tmp_path / "story.txt")
+    monkeypatch.setattr(
+        cache_mod, "_LINE_EVERY_S", 0.0, raising=False
+    )  # a line per batch, for the test
+    monkeypatch.setattr(cache_mod, "_BATCH_DOCS", 4)
+    argv = ["data", "prepare", f"text:{story}", "--tokenizer", "bytes"]
+    monkeypatch.delenv("LOOPLM_NO_PROGRESS", raising=False)
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("tokenizing ")]
+    assert len(lines) >= 2 and "documents" in lines[-1] and "tokens" in lines[-1]
+    monkeypatch.setenv("LOOPLM_NO_PROGRESS", "1")
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert "tokenizing " not in capsys.readouterr().err
