@@ -460,3 +460,23 @@ def test_tokenizing_prints_progress_lines_where_no_bar_is_drawn(tmp_path, monkey
     monkeypatch.setenv("LOOPLM_NO_PROGRESS", "1")
     assert main([*argv, "--out", str(tmp_path / "b")]) == 0
     assert "tokenizing " not in capsys.readouterr().err
+
+
+def test_a_token_cache_with_flipped_bytes_is_not_trained_on(tmp_path, caplog):
+    """Every open checks the token file's sha256: a flipped byte is named and rebuilt."""
+    from looplm.data.cache import list_caches
+
+    story = _story(tmp_path / "story.txt")
+    cache = tmp_path / "cache"
+    run = ["train", "own_text", f"data.dataset=text:{story}", f"data.cache_dir={cache}",
+           "train.steps=1", *TINY]  # fmt: skip
+    assert main([*run, f"out_dir={tmp_path / 'a'}"]) == 0
+    (train_bin,) = cache.glob("*.train.bytes.bin")
+    data = bytearray(train_bin.read_bytes())
+    data[10] ^= 0x01
+    train_bin.write_bytes(bytes(data))
+    assert list_caches(cache, verify=True)[0]["status"].startswith("corrupt")
+    caplog.clear()
+    assert main([*run, f"out_dir={tmp_path / 'b'}"]) == 0
+    assert "checksum mismatch" in caplog.text and str(train_bin) in caplog.text
+    assert all(c["status"] == "ok" for c in list_caches(cache, verify=True))
