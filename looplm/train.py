@@ -27,7 +27,6 @@ import base64
 import contextlib
 import json
 import math
-import os
 import random
 import resource
 import signal
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from looplm import run_folder
 from looplm.accounting import model_flops
 from looplm.checkpoint import (
     checkpoint_exists,
@@ -68,12 +68,7 @@ from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model import model_from_config
 from looplm.model.block import Block
-from looplm.run_folder import (
-    check_resume_config,
-    progress_line,
-    training_lock,
-    with_absolute_paths,
-)
+from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
 
 
@@ -534,17 +529,8 @@ def fit(
     (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
     validation then, and ``fit(cfg, resume=True)`` continues exactly.
     """
-    from looplm.limits import check_output_folder
-
-    check_output_folder("out_dir=", cfg.out_dir)
-    cfg = with_absolute_paths(cfg)
-    # one training per run folder (rank 0 holds the lock for all ranks of a torchrun job)
-    lock = (
-        training_lock(cfg.out_dir)
-        if os.environ.get("RANK", "0") == "0"
-        else contextlib.nullcontext()
-    )
-    with lock:
+    cfg = with_absolute_paths(run_folder.training_folder(cfg))
+    with run_folder.training_lock(cfg.out_dir):
         ts = setup(cfg, resume=resume)
         try:
             return _fit(ts, cfg, progress, quiet, list(callbacks))
