@@ -131,6 +131,10 @@ def test_eval_out_that_is_a_folder_is_refused_before_the_evaluation(ckpt, tmp_pa
         ["eval", str(ckpt), "--depths", "1", "--out", str(under_file / "r.json")], capsys
     )
     assert str(under_file) in line and "must be a folder" in line
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a\nb\n")
+    argv = ["generate", str(ckpt), "--prompts", str(prompts), "--out", str(folder)]
+    assert "is a folder" in _fails_fast(argv, capsys)
 
 
 # ----------------------------------------------------------------------------- bad settings
