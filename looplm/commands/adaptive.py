@@ -102,19 +102,29 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-# long: every option of the command mapped onto evaluate_adaptive_checkpoint
-def run(args: argparse.Namespace) -> int:
-    if args.batch_size is not None:
-        check_positive_int("--batch-size", args.batch_size)
-    from looplm.device import parse_depths
-    from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
-    from looplm.evaluate.records import adaptive_records, eval_tag
-    from looplm.io import atomic_write_json
+def _check_args(args: argparse.Namespace) -> None:
+    """Counts, the loop ceiling and the output file, before any work."""
     from looplm.limits import check_loops, check_output_file
 
+    if args.batch_size is not None:
+        check_positive_int("--batch-size", args.batch_size)
     if args.ceiling is not None:
         check_loops("--ceiling", args.ceiling, offer_flag=False)
     check_output_file("--out", args.out)
+
+
+def _timing_depths(text: str | None) -> list[int]:
+    from looplm.device import parse_depths
+
+    return parse_depths(text, offer_flag=False) if text else []
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_args(args)
+    from looplm.evaluate.adaptive import evaluate_adaptive_checkpoint
+    from looplm.evaluate.records import adaptive_records, eval_tag
+    from looplm.io import atomic_write_json
+
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     optional = {}
     if args.budgets:
@@ -140,9 +150,7 @@ def run(args: argparse.Namespace) -> int:
         skip=not args.no_skip,
         timing_repeats=args.timing_repeats,
         time_dense=args.time_dense,
-        timing_depths=parse_depths(args.timing_depths, offer_flag=False)
-        if args.timing_depths
-        else (),
+        timing_depths=_timing_depths(args.timing_depths),
         device=args.device,
         progress=True,
     )

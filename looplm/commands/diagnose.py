@@ -93,7 +93,9 @@ def _fmt(v, spec: str = ".3g") -> str:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from looplm.limits import check_int_range, check_loops
+    from looplm.limits import check_int_range, check_loops, check_output_folder
+
+    check_output_folder("--out", args.out)  # before the diagnostics, not after them
 
     if args.loops < 1:
         raise LoopLMError(f"--loops {args.loops}: the loop depth T must be an integer >= 1")

@@ -95,10 +95,12 @@ def run(args: argparse.Namespace) -> int:
     from looplm.errors import LoopLMError
     from looplm.generate import decode
     from looplm.limits import check_loops as check_limit
+    from looplm.limits import check_output_file
     from looplm.model.lm import check_loops
 
     check_loops(args.loops)
     check_limit("--loops", args.loops, args.max_loops)
+    check_output_file("--out", args.out)  # before generating, not after
     if args.max_new < 1:
         raise LoopLMError(f"--max-new {args.max_new} must be >= 1")
     _check_sampling(args)

@@ -95,9 +95,10 @@ def _check_args(args: argparse.Namespace) -> None:
             raise LoopLMError(f"--{name.replace('_', '-')} {v} must be >= 1")
     if args.loops is not None and args.loops < 1:
         raise LoopLMError(f"--loops {args.loops}: the loop depth T must be an integer >= 1")
-    if args.loops is not None:
-        from looplm.limits import check_loops
+    from looplm.limits import check_loops, check_output_folder
 
+    check_output_folder("--out", args.out)  # before the fit, not after it
+    if args.loops is not None:
         check_loops("--loops", args.loops, offer_flag=False)
     if args.tuned_steps < 0:
         raise LoopLMError(f"--tuned-steps {args.tuned_steps} must be >= 0")

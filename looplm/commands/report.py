@@ -49,13 +49,13 @@ def key_tables(markdown: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Build the report; prints its paired-delta and φ tables and the paths written."""
-    from looplm.results.report import DEFAULT_REFERENCE, write_report
+    from looplm.results.report import write_report
 
     out = Path(args.out) if args.out else Path(args.store).resolve().parent / "report"
     result = write_report(
         args.store,
         out,
-        reference=args.reference,
+        reference=args.reference or "scse",
         seeds=_parse_seeds(args.seeds),
         train_depth_max=args.train_depth_max,
         allow_incomplete=args.allow_incomplete,
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         boot_seed=args.boot_seed,
         ppl_shift=args.ppl_shift,
         figures=not args.no_figures,
-        known_methods=[DEFAULT_REFERENCE],  # else a method of the store
+        require_reference=args.reference is not None,  # named on purpose: must be in the store
     )
     if not args.quiet:
         tables = key_tables(Path(result.report_md).read_text(encoding="utf-8"))
@@ -88,7 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("store", help="results store (.sqlite) or a JSON export of one")
     p.add_argument("--out", default=None, help="output folder (default: <store folder>/report)")
-    p.add_argument("--reference", default="scse", help="method for paired deltas (default scse)")
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="method for paired deltas (default scse; a method of the store)",
+    )
     p.add_argument(
         "--seeds",
         default="auto",

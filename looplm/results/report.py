@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -402,26 +402,24 @@ def _build(r: ReportContext) -> None:
     r.json["figures"] = [str(p.relative_to(r.out_dir)) for p in r.figures]
 
 
-def _check_reference(
-    reference: str, records: list, store_path: str | os.PathLike, known: Iterable[str] | None
-) -> None:
-    """A reference that names no method at all is a typo, not a table without paired deltas:
-    refuse it before any work. ``known``: every method name there is (the registered
-    recurrences; the command passes them, the results layer does not import model code); a
-    known method missing from this store (the default ``scse`` on a store of baselines) keeps
-    today's note in each table instead. Without ``known`` nothing is refused. (The command
-    passes the default reference only: the results layer does not import model code, so a
-    registered method that is in neither the store nor ``known`` is refused there too.)"""
-    in_store = sorted({r.method for r in records})
-    if known is None or reference in in_store or reference in set(known):
-        return
-    raise LoopLMError(
-        f"reference {reference!r} is not a method; allowed (the methods in {store_path}): "
-        f"{', '.join(in_store)}"
-    )
-
-
 # long: the report's sections in reading order
+def _check_records(
+    reference: str, records: list, store_path: str | os.PathLike, require_reference: bool
+) -> None:
+    """Refuse, before any work, an empty store and (``require_reference``: a reference named on
+    purpose) a reference that is none of its methods; otherwise a reference missing from a table
+    gets a note there."""
+    if not records:
+        raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
+    in_store = sorted({r.method for r in records})
+    if require_reference and reference not in in_store:
+        raise LoopLMError(
+            f"reference {reference!r} is not a method of {store_path}; allowed: "
+            f"{', '.join(in_store)}"
+        )
+
+
+# long: the argument reference in the docstring; the body is short
 def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -435,7 +433,7 @@ def write_report(
     confidence: float = 0.95,
     ppl_shift: float | None = None,
     figures: bool = True,
-    known_methods: Iterable[str] | None = None,
+    require_reference: bool = False,
 ) -> ReportResult:
     """Write ``report.md``, ``results.json`` and ``figures/*.png`` for a results file.
 
@@ -450,8 +448,8 @@ def write_report(
         n_boot, boot_seed, confidence: paired-bootstrap and t-interval settings.
         ppl_shift: fixed c for the ``log(PPL − c)`` axis (default: chosen per figure).
         figures: also render the PNG figures.
-        known_methods: every method name there is; a ``reference`` outside them and the store
-            is refused (the command passes the registered recurrences).
+        require_reference: refuse a ``reference`` that is not a method of the store (one named
+            on purpose, as ``--reference``) instead of noting its absence in each table.
 
     Raises LoopLMError for a missing/unreadable store, an empty store, or (unless
     ``allow_incomplete``) a summary whose seed set is incomplete or duplicated.
@@ -465,9 +463,7 @@ def write_report(
         raise LoopLMError(f"confidence must be in (0, 1), got {confidence}")
     resolve_seed_set(seeds)  # validate early
     records = load_records(store_path)
-    if not records:
-        raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
-    _check_reference(reference, records, store_path, known_methods)
+    _check_records(reference, records, store_path, require_reference)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     b = ReportContext(
