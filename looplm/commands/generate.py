@@ -71,9 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix each token")
     p.add_argument(
         "--halt",
-        choices=["none", "kl", "maxtoken"],
+        choices=["none", "kl", "maxtoken", "gate"],
         default="none",
-        help="per-token halting: kl = KL(p_t||p_t-1) < X, maxtoken = relative hidden update < X",
+        help="per-token halting: kl = KL(p_t||p_t-1) < X, maxtoken = relative hidden update < X, "
+        "gate = a learned exit gate's cumulative exit probability >= X (Ouro)",
     )
     p.add_argument("--threshold", type=float, default=None, help="halting threshold X (0: never)")
     p.add_argument(

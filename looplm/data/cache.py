@@ -136,6 +136,9 @@ def cache_stem(name: str, split: str, tokenizer_name: str) -> str:
         raw = str(Path(name.removeprefix("text:")).expanduser().resolve())
         base = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(raw).name)[:40] or "text"
         name = f"text-{base}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
+    if "/" in tokenizer_name or "\\" in tokenizer_name:  # a tokenizer.json path: a short hash
+        raw = str(Path(tokenizer_name).expanduser().resolve())
+        tokenizer_name = f"tok-{hashlib.sha1(raw.encode()).hexdigest()[:10]}"
     return f"{name}.{split}.{tokenizer_name}"
 
 
