@@ -93,7 +93,7 @@ def run_demo(
             ],
         )
         print(f"[demo] training {method}: {steps} steps, T ~ U{{1..8}}", flush=True)
-        fit(cfg, progress=progress, quiet=True)
+        fit(cfg, progress=progress)  # a bar on a terminal, else a line every train.log_every steps
         from looplm.checkpoint import load_checkpoint
 
         model, cfg, _ = load_checkpoint(out / method / "ckpt")

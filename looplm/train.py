@@ -27,6 +27,7 @@ import base64
 import contextlib
 import json
 import math
+import os
 import random
 import resource
 import signal
@@ -509,6 +510,22 @@ class _Meter:
         return time.perf_counter() - self.t0
 
 
+MAX_STEPS_ENV = "LOOPLM_MAX_STEPS"
+
+
+def max_steps_cap() -> int | None:
+    """The step cap ``LOOPLM_MAX_STEPS=N`` sets, or None when unset: each :func:`fit` call then
+    runs at most N optimizer steps (``train.steps`` becomes ``min(train.steps, start + N)``, and
+    ``config.yaml`` records the capped value). It exists so the documentation's commands run as
+    written in seconds (the docs test sets it); the one place looplm reads it."""
+    raw = os.environ.get(MAX_STEPS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise LoopLMError(f"{MAX_STEPS_ENV}={raw!r} must be a positive whole number of steps")
+    return int(raw)
+
+
 def fit(
     cfg: RunConfig,
     resume: bool = False,
@@ -530,6 +547,15 @@ def fit(
     """
     cfg = with_absolute_paths(cfg)
     ts = setup(cfg, resume=resume)
+    cap = max_steps_cap()
+    if cap is not None and cfg.train.steps > ts.step + cap:
+        if not quiet and ts.dist.is_main:
+            print(
+                f"{MAX_STEPS_ENV}={cap}: training stops at step {ts.step + cap} "
+                f"(train.steps={cfg.train.steps})",
+                file=sys.stderr,
+            )
+        cfg.train.steps = ts.cfg.train.steps = ts.step + cap
     try:
         return _fit(ts, cfg, progress, quiet, list(callbacks))
     finally:

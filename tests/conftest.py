@@ -29,7 +29,8 @@ def require_data(*parts: str) -> Path:
     path = data_dir().joinpath(*parts)
     if not path.exists():
         pytest.skip(
-            f"real data not found at {path} (set LOOPLM_DATA_DIR to the shared data folder)"
+            f"real data not found at {path}: README.md 'Real data' says how to get the corpora "
+            "(then set LOOPLM_DATA_DIR to their folder)"
         )
     return path
 
