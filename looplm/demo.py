@@ -29,7 +29,7 @@ TASK_TITLES = {
 }
 HARDER = (4, 5)  # evaluation difficulty beyond the training range 1–3
 TEST_DEPTH = 8  # depth at which "above chance" is tested (fixed in advance, not the best depth)
-# (steps, eval examples): default ≤ 5 min for three methods on 2 cores, quick ≤ 90 s.
+# (steps, eval examples); measured times: benchmarks/RESULTS.md, "Documented run times".
 BUDGETS = {"default": (500, 1024), "quick": (150, 256)}
 
 
