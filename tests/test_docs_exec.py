@@ -38,7 +38,7 @@ RUN_LANGS = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", 
 MARK = re.compile(r"<!--\s*docs-test:\s*(skip|needs-data|file)\b\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 STEP_CAP = os.environ.get("LOOPLM_MAX_STEPS", "10")  # the docs run's default cap
-BLOCK_TIMEOUT_S = 600
+BLOCK_TIMEOUT_S = 1800  # a busy shared machine runs the tour several times slower
 
 
 @dataclass
