@@ -90,3 +90,36 @@ def test_accuracy_response_figure(tmp_path: Path) -> None:
     s = Series("scse", [1, 2, 4, 8, 16], [50.0, 60, 70, 72, 71], [1.0] * 5, "C0")
     plot_accuracy_response([s], tmp_path / "acc.png", train_depth_max=8, title="t")
     assert (tmp_path / "acc.png").stat().st_size > 1000
+
+
+def _tiny(out: Path, steps: int):
+    from looplm.config import load_config
+
+    return load_config(
+        "tiny_bool",
+        [f"train.steps={steps}", "train.batch_size=8", "train.warmup=2", "train.log_every=1",
+         "eval.n_examples=16", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+         f"out_dir={out}"],
+    )  # fmt: skip
+
+
+def test_max_steps_caps_each_run_from_where_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from looplm.checkpoint import read_meta
+    from looplm.config import load_config
+    from looplm.train import fit
+
+    monkeypatch.setenv("LOOPLM_MAX_STEPS", "2")
+    out = tmp_path / "run"
+    fit(_tiny(out, 50), progress=False)
+    assert read_meta(out / "ckpt")["state"]["step"] == 2
+    assert load_config(str(out / "config.yaml")).train.steps == 2
+    assert (
+        "LOOPLM_MAX_STEPS=2: training stops at step 2 (train.steps=50)" in capsys.readouterr().err
+    )
+    fit(_tiny(out, 90), resume=True, progress=False)  # a resume runs two more, not none
+    assert read_meta(out / "ckpt")["state"]["step"] == 4
+    monkeypatch.setenv("LOOPLM_MAX_STEPS", "0")
+    with pytest.raises(LoopLMError, match="LOOPLM_MAX_STEPS='0' must be a positive whole number"):
+        fit(_tiny(tmp_path / "bad", 5), progress=False)

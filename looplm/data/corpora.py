@@ -426,7 +426,7 @@ def _resolve_hf(name: str, split: str, counts: SplitCounts | None) -> ResolvedSp
         raise LoopLMError(
             f"no local source for {name!r} and the optional package 'datasets' is not installed: "
             f"pass a local copy (--source PATH, or --data-dir / data.data_dir / $LOOPLM_DATA_DIR "
-            f"naming a folder laid out like the shared data), or run `pip install 'looplm[data]'` "
+            f"naming a folder DIR with DIR/{DATA_LAYOUT[name]}), or run `pip install 'looplm[data]'` "
             f"on a machine with network access (it reads {dataset_id}{'/' + config if config else ''})"
         )
     offline = hub_offline_reason()
