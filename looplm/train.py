@@ -66,6 +66,7 @@ from looplm.distributed import (
 )
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
+from looplm.limits import cap_steps
 from looplm.model import model_from_config
 from looplm.model.block import Block
 from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
@@ -527,11 +528,11 @@ def fit(
     ``callbacks`` entry (``callback(ts, metrics)``, called after every step) returns True, fit
     writes a checkpoint and returns the last step's metrics with ``stopped`` set to ``"signal"``
     (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
-    validation then, and ``fit(cfg, resume=True)`` continues exactly.
-    """
+    validation then, and ``fit(cfg, resume=True)`` continues exactly (``LOOPLM_MAX_STEPS``)."""
     cfg = with_absolute_paths(run_folder.training_folder(cfg))
     with run_folder.training_lock(cfg.out_dir):
         ts = setup(cfg, resume=resume)
+        cap_steps(ts, cfg, quiet=quiet or not ts.dist.is_main)
         try:
             return _fit(ts, cfg, progress, quiet, list(callbacks))
         finally:

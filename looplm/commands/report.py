@@ -96,8 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seeds",
         default="auto",
-        help="required seed set: ids like 0,1,2, or default (0,1,2), expanded (0-4), "
-        "auto (expanded where complete, else default; the default), all",
+        help="required seed set (default: auto): ids like 0,1,2, or a named set: "
+        "auto (0-4 where complete, else 0,1,2), default (0,1,2), expanded (0-4), all",
     )
     p.add_argument("--train-depth-max", type=int, default=8, help="largest training depth (8)")
     p.add_argument(

@@ -43,7 +43,7 @@ class LensOptions:
     extrapolate_mode: str = "exact"  # estimator at the extrapolated depths
     probes: int = 16
     skip_positions: int = 0
-    tuned_steps: int = 150
+    tuned_steps: int = 100  # the CLI's --tuned-steps
     k: int = 8  # subspace dimension
     band: tuple[int, int] | None = None  # intervention band; None: 38–92 % of T
     strengths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
@@ -241,7 +241,6 @@ def analyse_lens(
         from looplm.diagnostics.lens_plots import render_lens_figures
 
         result["figures"] = [str(p) for p in render_lens_figures(result, out)]
-    _say(f"wrote {out / 'lens.json'} ({timings['total']:.0f} s)", say)
     return result
 
 
