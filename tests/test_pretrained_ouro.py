@@ -11,6 +11,7 @@ import torch
 from pretrained_common import (
     check_batched_equals_one_by_one,
     check_cached_equals_uncached,
+    close,
     fixture,
     load,
     logits_at,
@@ -18,21 +19,11 @@ from pretrained_common import (
     published,
     reference,
 )
-from pretrained_common import (
-    close as _close,
-)
 
 from looplm.generate import decode
 from looplm.model.halting import GateHalt, TokenHalting
 
 REF = reference("ouro")
-# The reference recorded with eager attention (softmax of explicit scores), looplm runs SDPA: the
-# two round differently (with an eager attention patched in, looplm matches bit for bit).
-EAGER = 3e-5
-
-
-def close(got: torch.Tensor, want: torch.Tensor) -> None:
-    _close(got, want, EAGER)
 
 
 @pytest.fixture(scope="module")
