@@ -1,6 +1,8 @@
 """`looplm <command>`: the command-line entry point.
 
-Each command lives in ``looplm/commands/<name>.py`` and exposes ``register(subparsers)``.
+Each command lives in ``looplm/commands/<name>.py`` (or an analysis package's ``command.py``) and
+exposes ``register(subparsers)``; they are found by scanning (:func:`command_modules`), in the
+order of their names.
 Bad input (:class:`looplm.errors.LoopLMError`) becomes one line on stderr and exit status 2,
 never a traceback; a storage fault (``OSError``: full disk, read-only folder, no permission)
 becomes one line naming the path and exit status 1.
@@ -15,23 +17,25 @@ import sys
 
 from looplm.errors import LoopLMError, describe_os_error
 
-COMMAND_MODULES = [
-    "looplm.commands.train",
-    "looplm.commands.evaluate",
-    "looplm.commands.demo",
-    "looplm.commands.data",
-    "looplm.commands.methods",
-    "looplm.commands.report",
-    "looplm.commands.adaptive",
-    "looplm.commands.sweep",
-    "looplm.commands.paper",
-    "looplm.commands.diagnose",
-    "looplm.commands.lens",
-    "looplm.commands.generate",
-    "looplm.commands.export",
-    "looplm.commands.settings",
-    "looplm.commands.lmeval",
-]
+
+def command_modules() -> list[str]:
+    """Every command's module, found by scanning (no list to edit): the modules of
+    ``looplm/commands/`` and each analysis package's ``command`` module (``looplm/lens/
+    command.py``). A command module defines ``register(subparsers)``."""
+    import pkgutil
+
+    import looplm.commands
+    from looplm.plugins import analysis_modules
+
+    here = [
+        f"looplm.commands.{m.name}"
+        for m in sorted(pkgutil.iter_modules(looplm.commands.__path__), key=lambda m: m.name)
+        if not m.name.startswith("_")
+    ]
+    return here + analysis_modules("command")
+
+
+COMMAND_MODULES = command_modules()
 
 
 def build_parser() -> argparse.ArgumentParser:

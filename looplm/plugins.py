@@ -73,6 +73,23 @@ def import_submodules(package: str, path: Iterable[str], skip: Iterable[str] = (
     return names
 
 
+def analysis_modules(leaf: str) -> list[str]:
+    """``looplm.<package>.<leaf>`` for every package of looplm that has a module ``<leaf>``
+    (``command``, ``kind``, ``section``): an analysis that lives in one package brings its
+    command, its evaluation kind and its report section this way (found, not listed)."""
+    import looplm
+
+    root = list(looplm.__path__)
+    names = []
+    for info in sorted(pkgutil.iter_modules(root), key=lambda m: m.name):
+        if not info.ispkg or info.name.startswith("_"):
+            continue
+        sub = [str(p) + "/" + info.name for p in root]
+        if any(m.name == leaf for m in pkgutil.iter_modules(sub)):
+            names.append(f"looplm.{info.name}.{leaf}")
+    return names
+
+
 def plugin_modules() -> list[str]:
     """Module names listed in ``$LOOPLM_PLUGINS`` (commas or whitespace between them)."""
     raw = os.environ.get(ENV_VAR, "")

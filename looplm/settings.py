@@ -69,10 +69,15 @@ def coerce(value: Any, typ: Any, key: str) -> Any:
             except LoopLMError:
                 if i == len(inner) - 1:
                     raise
-    if origin is list:
+    if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise LoopLMError(f"{key}={value!r} must be a list")
-        return [coerce(v, args[0], key) for v in value] if args else list(value)
+        if origin is tuple and args and args[-1] is not Ellipsis:  # a fixed-length tuple
+            if len(value) != len(args):
+                raise LoopLMError(f"{key}={value!r} must have {len(args)} items")
+            return tuple(coerce(v, t, key) for v, t in zip(value, args, strict=True))
+        items = [coerce(v, args[0], key) for v in value] if args else list(value)
+        return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
             raise LoopLMError(f"{key}={value!r} must be a mapping")
@@ -114,11 +119,15 @@ def build_settings(
     *,
     noun: str = "key",
     unknown: Callable[[str, str], str] | None = None,
+    name: Callable[[str], str] | None = None,
+    large: bool | None = None,
 ) -> Any:
     """An instance of the dataclass ``cls`` from the mapping ``values``, validated.
 
     Keys are named ``<prefix>.<key>`` in errors ("unknown <noun> <prefix>.<key>; allowed: …",
-    or ``unknown(key, allowed)``); nested dataclass fields are built the same way; the instance's
+    or ``unknown(key, allowed)``; ``name(key)`` when given, e.g. the option ``--key``); nested
+    dataclass fields are built the same way; each value is checked against its field's range,
+    cap and choices (:func:`setting`; ``large`` lifts the caps), and the instance's
     ``validate()`` runs last when the class has one."""
     if values is None:
         values = {}
@@ -138,14 +147,16 @@ def build_settings(
     if missing:
         raise LoopLMError(f"{prefix or 'settings'} needs {missing[0]}")
     kwargs = {}
+    by_name = {f.name: f for f in fields}
     for k, v in values.items():
-        typ, key = hints[k], f"{prefix}.{k}".lstrip(".")
+        typ, key = hints[k], name(k) if name else f"{prefix}.{k}".lstrip(".")
         if dataclasses.is_dataclass(typ):
             if not isinstance(v, dict):
                 raise LoopLMError(f"{key} must be a mapping")
-            kwargs[k] = build_settings(typ, v, key, noun=noun)
+            kwargs[k] = build_settings(typ, v, key, noun=noun, large=large)
         else:
             kwargs[k] = coerce(v, typ, key)
+            check_field(by_name[k], kwargs[k], key, large=large)
     obj = cls(**kwargs)
     check = getattr(obj, "validate", None)
     if check is not None:
@@ -252,3 +263,132 @@ def settings_table(cls: type, prefix: str = "") -> list[str]:
             f"{_cell(meaning[f.name])} |"
         )
     return rows
+
+
+# ----------------------------------------------------------------------------- fields and ranges
+LARGE_ENV = "LOOPLM_ALLOW_LARGE"  # set to 1 to lift every soft cap (as ``--allow-large`` does)
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    cap: float | None = None,
+    choices: tuple[Any, ...] | None = None,
+    flags: tuple[str, ...] = (),
+    positional: bool = False,
+    cli: bool = True,
+    what: str = "",
+) -> Any:
+    """A settings field with what the command line and the checks need to know about it.
+
+    ``lo``/``hi`` bound the value (a sequence: every item) — out of range is an error naming the
+    range; ``cap`` is a soft upper bound for values that cost compute linearly or worse (loop
+    depths, steps): above it the settings are refused unless ``--allow-large`` (or
+    ``LOOPLM_ALLOW_LARGE=1``) says the large value is meant. ``choices`` lists the allowed
+    values; ``flags`` are further option names (today's names where the field's own differs);
+    ``positional`` makes it a positional argument; ``cli=False`` keeps it off the command line;
+    ``what`` names the quantity in range errors ("the loop depth T").
+    The field's comment is its help, as everywhere else."""
+    meta = {"lo": lo, "hi": hi, "cap": cap, "choices": choices, "flags": flags,
+            "positional": positional, "cli": cli, "what": what}  # fmt: skip
+    if isinstance(default, (list, dict, set)):
+        value = copy.deepcopy(default)
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def allow_large() -> bool:
+    """Whether soft caps are lifted (``LOOPLM_ALLOW_LARGE=1``)."""
+    import os
+
+    return os.environ.get(LARGE_ENV) == "1"
+
+
+def _items(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def check_field(f: dataclasses.Field, value: Any, key: str, *, large: bool | None = None) -> None:
+    """``value`` against ``f``'s range, cap and choices (one-line LoopLMError naming ``key``)."""
+    meta = f.metadata
+    if value is None or not meta:
+        return
+    lo, hi, cap, choices = meta.get("lo"), meta.get("hi"), meta.get("cap"), meta.get("choices")
+    sep = " " if key.startswith("--") else "="  # an option reads as typed: --loops 0
+    for v in _items(value):
+        if choices is not None and v not in choices:
+            allowed = ", ".join(str(c) for c in choices)
+            raise LoopLMError(f"{key}={v!r}; allowed: {allowed}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            lo_s = "" if lo is None else f"{lo:g}"
+            hi_s = "" if hi is None else f"{hi:g}"
+            span = f"{lo_s}..{hi_s}" if lo_s and hi_s else (f">= {lo_s}" if lo_s else f"<= {hi_s}")
+            if meta.get("what"):
+                words = f"in {span}" if ".." in span else span
+                raise LoopLMError(f"{key}{sep}{v:g}: {meta['what']} must be {words}")
+            raise LoopLMError(f"{key}{sep}{v:g} is out of range; allowed: {span}")
+        if cap is not None and v > cap and not (allow_large() if large is None else large):
+            raise LoopLMError(
+                f"{key}{sep}{v:g} is above the usual cap {cap:g} (it costs time in proportion); "
+                f"pass --allow-large or set {LARGE_ENV}=1 if it is meant"
+            )
+
+
+def check_fields(obj: Any, prefix: str = "", *, large: bool | None = None) -> None:
+    """Every field of the settings instance ``obj`` against its range, cap and choices."""
+    for f in dataclasses.fields(obj):
+        check_field(f, getattr(obj, f.name), f"{prefix}{f.name}", large=large)
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    """``{field: default}`` of the settings dataclass ``cls`` (required fields left out)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def parse_depths(text: str, what: str = "--depths") -> list[int]:
+    """'4,8,12' → [4, 8, 12]; ranges too: '1-4,8' → [1, 2, 3, 4, 8]. Depths must be >= 1."""
+    depths: list[int] = []
+    try:
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                raise LoopLMError(
+                    f"{what} {text!r}: empty item between commas; give integers or ranges "
+                    "like 1,2,4 or 1-48"
+                )
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1) if not part.startswith("-") else ("", "")
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise LoopLMError(f"{what} {text!r}: range {part!r} runs backwards")
+                depths.extend(range(a, b + 1))
+            else:
+                depths.append(int(part))
+    except ValueError:
+        raise LoopLMError(
+            f"{what} {text!r}: expected comma-separated integers or ranges like 1-48"
+        ) from None
+    bad = [d for d in depths if d < 1]
+    if not depths or bad:
+        raise LoopLMError(f"{what} {text!r}: loop depths must be integers >= 1")
+    return depths
+
+
+def depth_list(value: Any, where: str) -> list[int]:
+    """Depths from a config value: a list, an integer or a string like ``1-48,96``."""
+    if isinstance(value, str):
+        return parse_depths(value)
+    if isinstance(value, int):
+        return parse_depths(str(value))
+    if isinstance(value, (list, tuple)):
+        return parse_depths(",".join(str(v) for v in value))
+    raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
