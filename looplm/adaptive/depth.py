@@ -36,7 +36,7 @@ possibly the last one, so this equals the per-example mean up to that window).
    (the same convergence criterion the KL rule reads). On test a token halts (and is frozen
    exactly as in rule 2) when the router's probability reaches ``p``.
 
-Work skipping for per-token halting (rules 2 and 3): :func:`sparse_block_forward` computes the
+Work skipping for per-token halting (rules 2 and 3): :meth:`Block.forward <looplm.model.block.Block.forward>` (``active=``) computes the
 shared block's output only for *active* query rows — query projection, attention rows, output
 projection and SwiGLU — while keys and values are still computed for every token, because causal
 attention needs the K/V of halted tokens (and for step-conditioned methods the block input of a
@@ -46,11 +46,11 @@ the example with the most active tokens. The FLOP proxy reported with each rule 
 Eq. 20/21 at the achieved mean depth (``looplm.flops``), i.e. an idealised count; the wall-clock
 figure is measured.
 
-Rules 2 and 3 live in :mod:`looplm.evaluate.halting`, the helpers all rules share in
+Rules 2 and 3 live in :mod:`looplm.adaptive.halting`, the helpers all rules share in
 :mod:`looplm.evaluate.common`, the halting mechanics of the unroll (frozen tokens, dropped
 examples, the update statistics) in :mod:`looplm.model.halting`; this module re-exports them. Public API: :func:`max_token_updates`, :func:`update_trace`, :func:`stopping_depths`,
 :func:`calibrate_threshold`, :func:`maxtoken_forward`, :func:`evaluate_maxtoken`,
-:func:`sparse_block_forward`, :func:`per_token_halting`, :class:`KLHalt`, :class:`RouterHalt`,
+:func:`per_token_halting`, :class:`KLHalt`, :class:`RouterHalt`,
 :class:`LinearRouter`, :func:`harvest_router_data`, :func:`fit_router`, :func:`evaluate_per_token`,
 :func:`time_uniform`, :func:`evaluation_batches`, :func:`evaluate_adaptive`,
 :func:`evaluate_adaptive_checkpoint`.
@@ -66,10 +66,26 @@ from typing import Any
 import numpy as np
 import torch
 
+from looplm.adaptive.halting import (
+    KLHalt,
+    LinearRouter,
+    RouterHalt,
+    evaluate_per_token,
+    fit_router,
+    harvest_router_data,
+    per_token_halting,
+)
+from looplm.adaptive.settings import (
+    DEFAULT_BUDGETS,
+    DEFAULT_CEILING,
+    DEFAULT_KL_THRESHOLDS,
+    DEFAULT_LABEL_THRESHOLD,
+    DEFAULT_ROUTER_PROBS,
+    RULES,
+    AdaptiveSettings,
+)
 from looplm.errors import LoopLMError
 from looplm.evaluate.common import (
-    DEFAULT_CEILING,
-    DEFAULT_LABEL_THRESHOLD,
     Batch,
     check_ceiling,
     evaluation_batches,
@@ -80,23 +96,8 @@ from looplm.evaluate.common import (
     timed_batches,
     timed_min,
 )
-from looplm.evaluate.halting import (
-    KLHalt,
-    LinearRouter,
-    RouterHalt,
-    evaluate_per_token,
-    fit_router,
-    harvest_router_data,
-    per_token_halting,
-    sparse_block_forward,
-)
 from looplm.model.halting import ExampleHalting, max_token_updates, relative_update
 from looplm.targets import IGNORE_INDEX
-
-DEFAULT_BUDGETS = (8, 16, 24)
-DEFAULT_KL_THRESHOLDS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
-DEFAULT_ROUTER_PROBS = (0.5, 0.7, 0.9)
-RULES = ("maxtoken", "kl", "router")
 
 
 # ============================================================================ rule 1: maxtoken
@@ -411,32 +412,20 @@ class _AdaptiveRun:
         return out
 
 
-# long: the public entry point's many settings, passed through once
 def evaluate_adaptive(
     model: torch.nn.Module,
     cfg,
+    settings: AdaptiveSettings | None = None,
     *,
-    rules: Sequence[str] = RULES,
-    ceiling: int = DEFAULT_CEILING,
-    budgets: Sequence[float] = DEFAULT_BUDGETS,
-    kl_thresholds: Sequence[float] = DEFAULT_KL_THRESHOLDS,
-    router_probs: Sequence[float] = DEFAULT_ROUTER_PROBS,
-    label_threshold: float = DEFAULT_LABEL_THRESHOLD,
     dataset: str | None = None,
     split: str = "test",
-    calib_split: str = "validation",
     max_tokens: int | None = None,
-    calib_max_tokens: int | None = None,
     batch_size: int | None = None,
-    skip: bool = True,
-    timing_depths: Sequence[int] = (),
-    timing_repeats: int = 1,
-    time_dense: bool = False,
     device: str | torch.device = "cpu",
     progress: bool = False,
     want: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Calibrate on ``calib_split`` and evaluate the requested rules on ``split``.
+    """Calibrate on ``settings.calib_split`` and evaluate the requested rules on ``split``.
 
     Returns ``{"method", "dataset", "split", "calib_split", "ceiling", "max_tokens",
     "calib_max_tokens", "results": [one dict per rule setting, with "mode"], "uniform_wall_clock_s":
@@ -446,14 +435,17 @@ def evaluate_adaptive(
     rules without work skipping.
     """
     from looplm.data.corpora import canonical_split
+    from looplm.settings import check_fields
 
-    modes = adaptive_modes(rules, budgets, kl_thresholds, router_probs)
-    check_ceiling(ceiling)
+    s = settings or AdaptiveSettings()
+    check_fields(s)
+    modes = adaptive_modes(s.rules, s.budgets, s.kl_thresholds, s.router_probs)
+    check_ceiling(s.ceiling)
     require_looped(model)
     run = _AdaptiveRun(
-        model, cfg, ceiling, dataset, split, calib_split, max_tokens, calib_max_tokens,
-        batch_size or cfg.eval.batch_size, label_threshold, skip, timing_repeats, time_dense,
-        device, progress,
+        model, cfg, s.ceiling, dataset, split, s.calib_split, max_tokens, s.calib_max_tokens,
+        batch_size or cfg.eval.batch_size, s.label_threshold, s.skip, s.timing_repeats,
+        s.time_dense, device, progress,
     )  # fmt: skip
 
     def todo(rule: str, values: Sequence[float]) -> list[tuple[float, str]]:
@@ -461,30 +453,35 @@ def evaluate_adaptive(
         return [(v, m) for v, m in pairs if want is None or m in want]
 
     results: list[dict[str, Any]] = []
-    if todo("maxtoken", budgets):
-        results += run.maxtoken(todo("maxtoken", budgets))
-    results += [run.per_token(KLHalt(thr)) for thr, _mode in todo("kl", kl_thresholds)]
-    if todo("router", router_probs):
-        results += run.router(todo("router", router_probs))
+    if todo("maxtoken", s.budgets):
+        results += run.maxtoken(todo("maxtoken", s.budgets))
+    results += [run.per_token(KLHalt(thr)) for thr, _mode in todo("kl", s.kl_thresholds)]
+    if todo("router", s.router_probs):
+        results += run.router(todo("router", s.router_probs))
     uniform = {
-        T: time_uniform(model, run.data(), T, device=device, repeats=timing_repeats)
-        for T in sorted({int(t) for t in timing_depths})
+        T: time_uniform(model, run.data(), T, device=device, repeats=s.timing_repeats)
+        for T in sorted({int(t) for t in s.timing_depths})
     }
     return {
         "method": cfg.method_label,
         "dataset": dataset or cfg.data.dataset,
         "split": canonical_split(split),
-        "calib_split": canonical_split(calib_split),
-        "ceiling": ceiling,
+        "calib_split": canonical_split(s.calib_split),
+        "ceiling": s.ceiling,
         "max_tokens": max_tokens,
-        "calib_max_tokens": calib_max_tokens,
+        "calib_max_tokens": s.calib_max_tokens,
         "results": results,
         "uniform_wall_clock_s": uniform,
     }
 
 
 def evaluate_adaptive_checkpoint(
-    path: str, *, data_dir: str | None = None, device: str = "auto", **kw: Any
+    path: str,
+    settings: AdaptiveSettings | None = None,
+    *,
+    data_dir: str | None = None,
+    device: str = "auto",
+    **kw: Any,
 ) -> dict[str, Any]:
     """:func:`evaluate_adaptive` on a checkpoint folder; the result also carries ``checkpoint``
     and the run's ``config`` (a RunConfig, for the store records)."""
@@ -496,11 +493,35 @@ def evaluate_adaptive_checkpoint(
     require_looped(model)
     if data_dir:
         cfg.data.data_dir = data_dir
-    out = evaluate_adaptive(model, cfg, device=dev, **kw)
+    out = evaluate_adaptive(model, cfg, settings, device=dev, **kw)
     return {"checkpoint": str(path), **out, "config": cfg}
 
 
+def store_adaptive(
+    result: dict[str, Any], cfg: Any, store: str, *, tag: str = "", protocol: str | None = None
+) -> int:
+    """Write one results-store row per rule setting of ``result`` (depth = the ceiling,
+    ``adaptive_mode`` = the rule setting, marked as the ``adaptive`` kind's); returns how many."""
+    from looplm.evaluate.kinds import get_kind
+    from looplm.evaluate.records import adaptive_records, eval_tag
+    from looplm.results.store import ResultsStore
+
+    records = get_kind("adaptive").stamp(
+        adaptive_records(
+            result,
+            cfg,
+            tag=eval_tag(tag, max_tokens=result.get("max_tokens")),
+            protocol=protocol,
+            extra={"checkpoint": str(result["checkpoint"])},
+        )
+    )
+    with ResultsStore(store) as s:
+        s.put_many(records)
+    return len(records)
+
+
 __all__ = [
+    "AdaptiveSettings",
     "DEFAULT_BUDGETS",
     "DEFAULT_CEILING",
     "DEFAULT_KL_THRESHOLDS",
@@ -528,8 +549,8 @@ __all__ = [
     "per_token_halting",
     "relative_update",
     "require_looped",
-    "sparse_block_forward",
     "stopping_depths",
+    "store_adaptive",
     "time_uniform",
     "update_trace",
 ]

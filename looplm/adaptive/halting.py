@@ -1,11 +1,11 @@
-"""Per-token halting (rules 2 and 3 of :mod:`looplm.evaluate.adaptive`): the training-free KL
+"""Per-token halting (rules 2 and 3 of :mod:`looplm.adaptive.depth`): the training-free KL
 rule and the learned linear router of the per-token convergence study ("reading per-token
 convergence outperforms learning to predict it").
 
 Both run through the one per-token halting mechanism of the model's unroll
 (:class:`looplm.model.halting.TokenHalting`, also used by adaptive decoding): a halted token's
 recurrent state is frozen and later, still active tokens keep attending to it; the shared block
-runs for active query rows only (:func:`sparse_block_forward`; keys and values for every token).
+runs for active query rows only (the block's active-row mode; keys and values for every token).
 The previous readout ``log p_{t−1}`` of every token is the one (N, V) table the KL rule keeps; the
 current readout, the divergence and the decision go through the active rows in chunks.
 """
@@ -21,10 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from looplm.adaptive.settings import DEFAULT_CEILING, DEFAULT_LABEL_THRESHOLD
 from looplm.errors import LoopLMError
 from looplm.evaluate.common import (
-    DEFAULT_CEILING,
-    DEFAULT_LABEL_THRESHOLD,
     Batch,
     check_ceiling,
     flops_fields,
@@ -37,15 +36,6 @@ from looplm.evaluate.common import (
 from looplm.model.halting import KLHalt, PreviousReadout, TokenHalting
 from looplm.model.readout import readout_kl
 from looplm.targets import IGNORE_INDEX
-
-
-def sparse_block_forward(
-    block: torch.nn.Module, x: torch.Tensor, active: torch.Tensor
-) -> torch.Tensor:
-    """``G(x)`` computed for the active rows of ``x`` only (0 elsewhere): x (B, L, d), active (B, L)
-    bool. The block's own active-row mode (:class:`~looplm.model.block.Block`): keys and values for
-    every row, queries, attention rows, output projection and SwiGLU for active rows. Eval only."""
-    return block(x, active=active)
 
 
 @dataclass
@@ -118,7 +108,7 @@ def per_token_halting(
     ``decide.needs_logits`` is False). A decision that reads the logits must be row-wise: it is
     asked chunk by chunk of active rows. A halted token keeps its recurrent state for the rest of
     the unroll (later tokens still attend to it). ``skip`` computes the block for active rows
-    only (:func:`sparse_block_forward`) once some token has halted; results equal the dense path
+    only (the block's active-row mode) once some token has halted; results equal the dense path
     up to floating-point rounding.
     """
     require_looped(model)
@@ -276,5 +266,4 @@ __all__ = [
     "fit_router",
     "harvest_router_data",
     "per_token_halting",
-    "sparse_block_forward",
 ]

@@ -18,7 +18,7 @@
 
 Sections (:mod:`looplm.results.sections`): every record goes to the section of the evaluation
 kind that wrote it (fixed-depth, transfer, LAMBADA and diagnostics rows: the depth tables here;
-adaptive rows: :mod:`looplm.results.report_adaptive`; frontier and propagation rows:
+adaptive rows: :mod:`looplm.adaptive.section`; frontier and propagation rows:
 :mod:`looplm.results.frontier`; scaling rows: the φ fit here; a plugin kind: its own section).
 Grouping rules (:mod:`looplm.results.tables`): rows are (method, model_hash); when a method has
 several model hashes in one table the row label carries the short hash. Methods named
@@ -40,7 +40,6 @@ from typing import Any
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.results.figures import Series, plot_depth_response, plot_scaling
-from looplm.results.report_adaptive import ADAPTIVE_CONTEXT_FIELDS
 from looplm.results.scaling import bootstrap_records, fit_records, scaling_points
 from looplm.results.sections import (
     ReportContext,
@@ -53,6 +52,7 @@ from looplm.results.stats import PairedDelta, SeedSpec, Summary, paired_deltas, 
 from looplm.results.store import EvalRecord, group_by, load_records
 from looplm.results.tables import (
     REFERENCE_PREFIX,
+    ROW_CONTEXT,
     context_title,
     finite_or_none,
     fmt_num,
@@ -63,7 +63,7 @@ from looplm.results.tables import (
     row_labels,
 )
 
-CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag", "calibration")
+CONTEXT_FIELDS = (*ROW_CONTEXT, "calibration")
 PHI_BOOT = 200  # bootstrap resamples for φ's interval
 
 
@@ -314,7 +314,7 @@ class ScalingSection(ReportSection):
             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         notes = []
-        fields = ("method",) + ADAPTIVE_CONTEXT_FIELDS
+        fields = ("method",) + ROW_CONTEXT
         groups: dict[tuple, list[EvalRecord]] = {}
         for rec in recs:  # one fit per method over every training variant of a sweep
             sweep = rec.extra.get("sweep_protocol") or rec.protocol
