@@ -32,7 +32,6 @@ from typing import Any
 import yaml
 
 from looplm.config import UNSHARED, RunConfig, config_from_dict, parse_overrides
-from looplm.device import depth_list, progress_enabled
 from looplm.errors import LoopLMError, yaml_problem
 from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys, check_settings
 from looplm.grid import (
@@ -43,7 +42,8 @@ from looplm.grid import (
     VariantSettings,
     check_report,
 )
-from looplm.settings import load_yaml, merge
+from looplm.progress import progress_enabled
+from looplm.settings import depth_list, load_yaml, merge
 
 _TOP_KEYS = {f.name for f in dataclasses.fields(ExperimentSettings)}
 

@@ -21,7 +21,7 @@ import typing
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.settings import _UNION_TYPES, build_settings, field_comments, parse_depths
+from looplm.settings import _UNION_TYPES, build_settings, field_comments, parse_ints
 
 ALLOW_LARGE = "allow_large"
 
@@ -60,7 +60,7 @@ def parse_sequence(text: str, item: Any, option: str) -> list[Any]:
     if not text.strip():
         return []
     if item is int:
-        return parse_depths(text, option) if "-" in text[1:] else _ints(text, option)
+        return parse_ints(text, option)
     if item is float:
         try:
             return [float(x) for x in text.split(",")]
@@ -88,13 +88,6 @@ def parse_text(text: str, typ: Any, option: str) -> Any:
             raise LoopLMError(f"{option} {text} is not a finite number")
         return value
     return text
-
-
-def _ints(text: str, option: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise LoopLMError(f"{option} {text!r}: expected comma-separated integers") from None
 
 
 def add_options(p: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:

@@ -355,9 +355,10 @@ def defaults(cls: type) -> dict[str, Any]:
     return out
 
 
-def parse_depths(text: str, what: str = "--depths") -> list[int]:
-    """'4,8,12' → [4, 8, 12]; ranges too: '1-4,8' → [1, 2, 3, 4, 8]. Depths must be >= 1."""
-    depths: list[int] = []
+def parse_ints(text: str, what: str = "--depths") -> list[int]:
+    """'4,8,12' → [4, 8, 12]; ranges too: '1-4,8' → [1, 2, 3, 4, 8] (an empty item is an error
+    naming ``what``)."""
+    out: list[int] = []
     try:
         for part in (p.strip() for p in text.split(",")):
             if not part:
@@ -370,15 +371,20 @@ def parse_depths(text: str, what: str = "--depths") -> list[int]:
                 a, b = int(lo), int(hi)
                 if b < a:
                     raise LoopLMError(f"{what} {text!r}: range {part!r} runs backwards")
-                depths.extend(range(a, b + 1))
+                out.extend(range(a, b + 1))
             else:
-                depths.append(int(part))
+                out.append(int(part))
     except ValueError:
         raise LoopLMError(
             f"{what} {text!r}: expected comma-separated integers or ranges like 1-48"
         ) from None
-    bad = [d for d in depths if d < 1]
-    if not depths or bad:
+    return out
+
+
+def parse_depths(text: str, what: str = "--depths") -> list[int]:
+    """Loop depths from text (:func:`parse_ints`); every depth must be >= 1."""
+    depths = parse_ints(text, what)
+    if not depths or any(d < 1 for d in depths):
         raise LoopLMError(f"{what} {text!r}: loop depths must be integers >= 1")
     return depths
 

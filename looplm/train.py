@@ -50,7 +50,7 @@ from looplm.checkpoint import (
 )
 from looplm.config import RunConfig, dump_config
 from looplm.data.sources import DataSource, make_source, step_seed
-from looplm.device import progress_enabled, resolve_device
+from looplm.device import resolve_device
 from looplm.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -67,6 +67,7 @@ from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model import model_from_config
 from looplm.model.block import Block
+from looplm.progress import progress_enabled
 from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
 

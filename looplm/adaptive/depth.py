@@ -412,6 +412,7 @@ class _AdaptiveRun:
         return out
 
 
+# long: the driver of the three rules, its result assembled in one place
 def evaluate_adaptive(
     model: torch.nn.Module,
     cfg,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from looplm.device import DEVICES
 from looplm.settings import setting
 
 RULES = ("maxtoken", "kl", "router")  # the stopping rules
@@ -55,7 +56,7 @@ class AdaptiveInputs:
     data_dir: str | None = None  # folder with local corpora
     max_tokens: int | None = setting(None, lo=1)  # cap on evaluated tokens
     batch_size: int | None = setting(None, lo=1, hi=65_536)  # default: the run's eval batch size
-    device: str = setting("auto", choices=("auto", "cpu", "cuda"))  # auto | cpu | cuda
+    device: str = setting("auto", choices=DEVICES)  # auto | cpu | cuda
     store: str | None = None  # results store (.sqlite) to write the rows into
     tag: str = ""  # evaluation tag (part of the evaluation identity)
     protocol: str | None = None  # training-protocol name (default: <train dataset>-<steps>)

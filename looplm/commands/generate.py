@@ -188,8 +188,8 @@ def run_many(args: argparse.Namespace, model, tok) -> int:
     import sys
 
     from looplm.batching import generate_many
-    from looplm.device import progress_enabled
     from looplm.io import atomic_write_text
+    from looplm.progress import progress_enabled
 
     defaults = {
         "max_new": args.max_new,

@@ -57,7 +57,7 @@ def _mean_lists(rows: Sequence[Sequence[float]]) -> list[float]:
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm.auto import tqdm
 
-    from looplm.device import progress_enabled
+    from looplm.progress import progress_enabled
 
     return tqdm(total=total, desc=desc, disable=not (enabled and progress_enabled()), leave=False)
 

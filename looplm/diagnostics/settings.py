@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from looplm.device import DEVICES
 from looplm.settings import setting
 
 DTYPES = ("float64", "float32")  # working precisions of the diagnostics
-DEVICES = ("auto", "cpu", "cuda")
 MAX_LOOPS = 4096  # soft cap on the unroll depth: every diagnostic costs about T unrolls
 EPS_FD = 1e-3  # finite-difference step of the random-direction gain (the paper's ε)
 N_DIRECTIONS = 4  # random probe directions of the gain

@@ -40,7 +40,7 @@ class PropagationSettings:
 
 
 def _ints(value: Any, where: str) -> list[int]:
-    from looplm.device import depth_list
+    from looplm.settings import depth_list
 
     return depth_list(value, where)
 

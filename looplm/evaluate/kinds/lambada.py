@@ -39,7 +39,7 @@ class Lambada(EvaluationKind):
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Lambada | None:
-        from looplm.device import depth_list
+        from looplm.settings import depth_list
 
         lam = evaluate.get("lambada")
         if not lam:

@@ -44,7 +44,7 @@ class Transfer(EvaluationKind):
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Transfer | None:
-        from looplm.device import depth_list
+        from looplm.settings import depth_list
 
         entries = evaluate.get("transfer") or []
         if not isinstance(entries, list):

@@ -1,0 +1,47 @@
+"""The settings of ``looplm eval``: one checkpoint at several loop depths (the fixed-depth sweep,
+held-out transfer or LAMBADA), read by the command and by :func:`looplm.evaluate.checkpoint.
+evaluate_one` alike (:mod:`looplm.options` makes the command line from it). Light (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looplm.device import DEVICES
+from looplm.errors import LoopLMError, check_positive_int
+from looplm.settings import setting
+
+DEFAULT_EVAL_DEPTHS = (4, 8, 12, 16, 24, 32, 48)  # the depths `looplm eval` sweeps by default
+MAX_DEPTH = 4096  # soft cap on a loop depth: the sweep costs the deepest T per batch
+
+
+@dataclass
+class EvalSettings:
+    """``looplm eval``: which depths, on which data, where the rows go."""
+
+    # loop depths, comma-separated or as ranges (1-48)
+    depths: list[int] = setting(list(DEFAULT_EVAL_DEPTHS), lo=1, cap=MAX_DEPTH, what="a loop depth")
+    dataset: str | None = None  # evaluate on another dataset (held-out transfer)
+    split: str | None = None  # evaluation split (default: the run's eval split)
+    data_dir: str | None = None  # folder with local corpora
+    max_tokens: int | None = None  # cap on evaluated tokens (>= 1)
+    batch_size: int | None = None  # sequences per batch (>= 1; default: the run's eval batch size)
+    device: str = setting("auto", choices=DEVICES)  # auto | cpu | cuda
+    out: str | None = None  # also write the JSON here (atomically)
+    store: str | None = None  # results store (.sqlite) to write one row per depth into
+    tag: str = ""  # evaluation tag (part of the evaluation identity)
+    protocol: str | None = None  # training-protocol name (default: <train dataset>-<steps>)
+    # evaluate LAMBADA completion instead (lambada_test.jsonl or its folder)
+    lambada: str | None = None
+    max_examples: int | None = setting(None, lo=1)  # LAMBADA: evaluate the first N passages only
+
+    def validate(self) -> None:
+        if not self.depths:
+            raise LoopLMError("--depths is empty; give loop depths like 1,2,4 or 1-48")
+        # named as options: the eval settings are the command's (``--batch-size=0``)
+        for flag, value in (("--batch-size", self.batch_size), ("--max-tokens", self.max_tokens)):
+            if value is not None:
+                check_positive_int(flag, value)
+        if self.lambada and (self.dataset or self.split):
+            raise LoopLMError("--lambada evaluates LAMBADA's test split; drop --dataset/--split")
+        if not self.lambada and self.max_examples is not None:
+            raise LoopLMError("--max-examples applies to --lambada; use --max-tokens for corpora")
