@@ -17,7 +17,6 @@ A plugin that does not import is a one-line :class:`LoopLMError` naming it.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import pkgutil
 from collections.abc import Iterable
@@ -113,5 +112,7 @@ def load_plugins(group: str) -> None:
     (each at most once per process)."""
     for module in plugin_modules():
         _import(module, f"from ${ENV_VAR}")
+    import importlib.metadata  # here, not at import: the command line starts without it
+
     for ep in importlib.metadata.entry_points(group=group):
         _import(ep.module, f"entry point {ep.name!r} of group {group!r}")

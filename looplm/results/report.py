@@ -32,7 +32,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,8 @@ from looplm.results.sections import (
     report_sections,
     section_of,
 )
-from looplm.results.stats import PairedDelta, SeedSpec, Summary, paired_deltas, resolve_seed_set
+from looplm.results.settings import ReportSettings
+from looplm.results.stats import PairedDelta, Summary, paired_deltas
 from looplm.results.store import EvalRecord, group_by, load_records
 from looplm.results.tables import (
     REFERENCE_PREFIX,
@@ -62,6 +63,7 @@ from looplm.results.tables import (
     row_keys,
     row_labels,
 )
+from looplm.settings import build_settings
 
 CONTEXT_FIELDS = (*ROW_CONTEXT, "calibration")
 PHI_BOOT = 200  # bootstrap resamples for φ's interval
@@ -399,46 +401,51 @@ def _build(r: ReportContext) -> None:
     r.json["figures"] = [str(p.relative_to(r.out_dir)) for p in r.figures]
 
 
-# long: the report's sections in reading order
+_PRINTED = ("### Paired deltas", "## Recurrence scaling law")
+
+
+def key_tables(markdown: str) -> str:
+    """The report's paired-delta tables (each under its context heading) and the φ table: the
+    sections ``looplm report`` prints, the rest stays in ``report.md``."""
+    out: list[str] = []
+    context, keep = "", False
+    for line in markdown.splitlines():
+        if line.startswith("## ") or line.startswith("### "):
+            keep = line.startswith(_PRINTED)
+            if line.startswith("## ") and not keep:
+                context = line
+            elif keep:
+                if context and line.startswith("### "):
+                    out += [context, ""]
+                context = ""
+                out.append(line)
+            continue
+        if keep and not line.startswith("!["):
+            out.append(line)
+    return "\n".join(out).strip()
+
+
 def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,
-    *,
-    reference: str = "scse",
-    seeds: SeedSpec = "auto",
-    train_depth_max: int = 8,
-    allow_incomplete: bool = False,
-    n_boot: int = 10_000,
-    boot_seed: int = 0,
-    confidence: float = 0.95,
-    ppl_shift: float | None = None,
-    figures: bool = True,
+    settings: ReportSettings | None = None,
+    **changes: Any,
 ) -> ReportResult:
     """Write ``report.md``, ``results.json`` and ``figures/*.png`` for a results file.
 
-    Args:
-        store_path: a SQLite results store, or a JSON file from ``ResultsStore.export_json``.
-        out_dir: output folder (created).
-        reference: method the paired deltas are taken against (Δ = reference − method).
-        seeds: required seed set — a list of ints, ``"default"``, ``"expanded"``, ``"auto"``
-            (expanded where all five are present, else default) or ``"all"``.
-        train_depth_max: largest training loop depth; deeper T are marked extra-loop.
-        allow_incomplete: mark summaries with missing/duplicate seeds instead of raising.
-        n_boot, boot_seed, confidence: paired-bootstrap and t-interval settings.
-        ppl_shift: fixed c for the ``log(PPL − c)`` axis (default: chosen per figure).
-        figures: also render the PNG figures.
+    ``store_path`` is a SQLite results store or a JSON file from ``ResultsStore.export_json``;
+    ``out_dir`` the output folder (created). ``settings`` (:class:`~looplm.results.settings.
+    ReportSettings`; ``changes`` replace single fields, e.g. ``seeds=[0, 1]``) say against which
+    method the paired deltas are taken (Δ = reference − method), which seed set is required,
+    the largest training depth (deeper T are marked extra-loop), the bootstrap and interval
+    settings and whether figures are drawn.
 
     Raises LoopLMError for a missing/unreadable store, an empty store, or (unless
     ``allow_incomplete``) a summary whose seed set is incomplete or duplicated.
     """
-    # (long for its argument reference above; the body is short)
-    if int(train_depth_max) < 1:
-        raise LoopLMError(f"train_depth_max must be >= 1, got {train_depth_max}")
-    if int(n_boot) < 1:
-        raise LoopLMError(f"n_boot must be >= 1, got {n_boot}")
-    if not 0 < confidence < 1:
-        raise LoopLMError(f"confidence must be in (0, 1), got {confidence}")
-    resolve_seed_set(seeds)  # validate early
+    s = build_settings(
+        ReportSettings, {**asdict(settings or ReportSettings()), **changes}, "report"
+    )
     records = load_records(store_path)
     if not records:
         raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
@@ -448,15 +455,15 @@ def write_report(
         records,
         source=str(store_path),
         out_dir=out,
-        reference=reference,
-        seeds=seeds,
-        train_depth_max=int(train_depth_max),
-        allow_incomplete=allow_incomplete,
-        n_boot=int(n_boot),
-        boot_seed=int(boot_seed),
-        confidence=float(confidence),
-        ppl_shift=ppl_shift,
-        figures=figures,
+        reference=s.reference,
+        seeds=s.seeds,
+        train_depth_max=s.depth_max,
+        allow_incomplete=s.allow_incomplete,
+        n_boot=s.n_boot,
+        boot_seed=s.boot_seed,
+        confidence=s.confidence,
+        ppl_shift=s.ppl_shift,
+        figures=s.figures,
     )
     _build(b)
     md_path, json_path = out / "report.md", out / "results.json"
