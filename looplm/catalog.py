@@ -1,16 +1,15 @@
-"""`looplm methods` and `looplm params`: what each recurrence computes and what it costs.
+"""The catalogue of methods: what each recurrence computes and what it costs (``looplm methods``,
+``looplm params``).
 
-``looplm methods [--preset 22m] [--json]`` lists every registered recurrence with its equation, paper
+:func:`method_rows` lists every registered recurrence with its equation, paper
 reference, body calls per step (c_body of Eqs. 20–21), whether it claims a zero forcing bias, and
 its parameter count at the preset; then the unshared controls with their presets.
-``looplm params --preset P --method M [key=value …]`` prints one model's parameter count, split by
-part, next to the paper's figure where the paper prints one.
+:func:`params_report` gives one model's parameter count, split by part, next to the paper's figure
+where the paper prints one.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from typing import Any
 
 # The unshared controls and references, selected by preset (recurrence "unshared").
@@ -90,85 +89,54 @@ def method_rows(preset: str) -> list[dict[str, Any]]:
     return rows
 
 
-def run_methods(args: argparse.Namespace) -> int:
-    """Print the method table."""
-    rows = method_rows(args.preset)
-    if args.json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
-        return 0
-    print(f"{'method':<22} {'preset':<20} {'c_body':>6}  {'b_t=0':<5} {'parameters':>14}")
+def method_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The lines ``looplm methods`` prints for :func:`method_rows`."""
+    lines = [f"{'method':<22} {'preset':<20} {'c_body':>6}  {'b_t=0':<5} {'parameters':>14}"]
     for r in rows:
         b0 = "yes" if r["zero_forcing_bias"] else "no"
         if "settings" in r:  # a named setting of the recurrence above
-            print(f"  {r['name']}")
-            print(f"{'':<22} {r['preset']:<20} {r['c_body']:>6}  {b0:<5} {r['params']:>14,}")
+            lines.append(f"  {r['name']}")
+            lines.append(f"{'':<22} {r['preset']:<20} {r['c_body']:>6}  {b0:<5} {r['params']:>14,}")
         else:
-            print(f"{r['name']:<22} {r['preset']:<20} {r['c_body']:>6}  {b0:<5} {r['params']:>14,}")
-        print(f"    {r['equation']}")
-        print(f"    ref: {r['reference']}")
-    return 0
+            lines.append(
+                f"{r['name']:<22} {r['preset']:<20} {r['c_body']:>6}  {b0:<5} {r['params']:>14,}"
+            )
+        lines.append(f"    {r['equation']}")
+        lines.append(f"    ref: {r['reference']}")
+    return lines
 
 
-def _parse_kv(items: list[str]) -> dict[str, Any]:
-    from looplm.settings import parse_key_values
-
-    return parse_key_values(items, what="setting", example="lanes=2")
-
-
-def run_params(args: argparse.Namespace) -> int:
-    """Print one model's parameter count."""
+def params_report(preset: str, method: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """One model's parameter count by part, with the figure stated elsewhere (``paper`` /
+    ``specification``) where one is and no settings change the model."""
     from looplm.accounting import parameter_count
 
-    counts = parameter_count(args.preset, args.method, **_parse_kv(args.settings))
-    paper = PAPER_PARAMS.get((args.method, args.preset)) if not args.settings else None
-    if args.json:
-        out = dict(counts, method=args.method, preset=args.preset)
-        if paper:
-            out[paper[3]] = paper[0]
-        print(json.dumps(out, indent=2))
-        return 0
-    total = counts["total"]
-    print(f"{args.method} at {args.preset}: {total:,} parameters ({total / 1e6:.2f}M)")
-    if counts["trainable"] != total:
-        print(f"  trainable                {counts['trainable']:>14,}")
+    counts = parameter_count(preset, method, **settings)
+    out: dict[str, Any] = dict(counts, method=method, preset=preset)
+    stated = PAPER_PARAMS.get((method, preset)) if not settings else None
+    if stated:
+        out[stated[3]] = stated[0]
+        out["stated"] = stated
+    return out
+
+
+def params_lines(report: dict[str, Any]) -> list[str]:
+    """The lines ``looplm params`` prints for :func:`params_report`."""
+    total = report["total"]
+    lines = [f"{report['method']} at {report['preset']}: {total:,} parameters ({total / 1e6:.2f}M)"]
+    if report["trainable"] != total:
+        lines.append(f"  trainable                {report['trainable']:>14,}")
     for key, label in (
         ("embedding", "embedding (tied head)"),
         ("body", "shared block / layers"),
         ("recurrence", "recurrence"),
         ("other", "final norm"),
     ):
-        print(f"  {label:<24} {counts[key]:>14,}")
-    if paper:
-        value, dec, what, source = paper
+        lines.append(f"  {label:<24} {report[key]:>14,}")
+    if report.get("stated"):
+        value, dec, what, source = report["stated"]
         rel = (total - value) / value * 100
         ok = round(total / 1e6, dec) == round(value / 1e6, dec)
         verdict = "matches" if ok else "DIFFERS"
-        print(f"  {source}: {value / 1e6:.{dec}f}M ({what}); {verdict} ({rel:+.2f}%)")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``methods`` and ``params`` commands."""
-    p = subparsers.add_parser(
-        "methods",
-        help="list every recurrence: equation, paper reference, c_body, parameters",
-        description="List every registered recurrence and the unshared controls with the "
-        "equation implemented, the paper reference, body calls per step (c_body), whether the "
-        "forcing bias is zero by construction, and the parameter count at a preset.",
-    )
-    p.add_argument("--preset", default="22m", help="preset for the parameter counts (22m)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=run_methods)
-
-    q = subparsers.add_parser(
-        "params",
-        help="parameter count of one method at one preset",
-        description="Parameter count of one model (built without allocating weights), split by "
-        "part, next to the paper's figure where the paper prints one. Extra key=value arguments "
-        "are model or recurrence settings, e.g. `looplm params --method hyper_scse lanes=2`.",
-    )
-    q.add_argument("--preset", default="22m", help="model preset (22m)")
-    q.add_argument("--method", default="scse", help="recurrence name (scse); see `looplm methods`")
-    q.add_argument("settings", nargs="*", help="key=value model or recurrence settings")
-    q.add_argument("--json", action="store_true", help="print JSON")
-    q.set_defaults(func=run_params)
+        lines.append(f"  {source}: {value / 1e6:.{dec}f}M ({what}); {verdict} ({rel:+.2f}%)")
+    return lines
