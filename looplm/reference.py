@@ -1,16 +1,17 @@
-"""`looplm settings [--out docs/configuration.md]`: the reference of every setting.
+"""The reference of every setting (``looplm settings``, ``docs/configuration.md``).
 
 Written from the settings dataclasses themselves (:mod:`looplm.settings`): the run config
 (:mod:`looplm.config`), every registered method's settings, the experiment grid
-(:mod:`looplm.grid`) and the section of every registered evaluation kind, each key with its
-type, default and meaning. ``docs/configuration.md`` is this command's output (a test fails when
-it is stale).
+(:mod:`looplm.grid`), the section of every registered evaluation kind and the options of every
+command made from settings (each command module's ``SETTINGS``), each key with its type, default,
+allowed range and meaning. ``docs/configuration.md`` is this output (a test fails when it is
+stale).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+from typing import Any
 
 HEADER = """# Configuration
 
@@ -42,13 +43,24 @@ evaluations ([experiments](experiments.md#the-grid-schema) shows a whole file).
 """
 
 
-def _section(title: str, cls: type, prefix: str = "", intro: str = "") -> list[str]:
+COMMANDS = """## Commands
+
+Each command's options are made from its settings dataclasses (:mod:`looplm.options`): the option
+`--x-y` is the field `x_y`, a boolean has `--x` / `--no-x`, a list is written comma-separated
+(`24,48`; loop depths also as ranges, `1-48`; `''` for none). A value above a soft cap (a cost that
+grows with it) needs `--allow-large` (or `LOOPLM_ALLOW_LARGE=1`).
+"""
+
+
+def _section(
+    title: str, cls: type, prefix: str = "", intro: str = "", key: Any = None
+) -> list[str]:
     from looplm.settings import settings_table
 
     out = [f"### {title}", ""]
     if intro:
         out += [intro, ""]
-    return out + settings_table(cls, prefix) + [""]
+    return out + settings_table(cls, prefix, key=key) + [""]
 
 
 def _run_config() -> list[str]:
@@ -106,30 +118,28 @@ def _grid() -> list[str]:
     return out
 
 
+def _commands() -> list[str]:
+    """Each command with settings (a module's ``SETTINGS``), in the order the scan finds them."""
+    import importlib
+
+    from looplm.cli import command_modules
+    from looplm.options import flag
+
+    out = [COMMANDS]
+    for name in command_modules():
+        module = importlib.import_module(name)
+        classes = getattr(module, "SETTINGS", ())
+        if not classes:
+            continue
+        command = (module.__doc__ or "").split("`")[1].split()[:2]
+        title = " ".join(command) if command and command[0] == "looplm" else name
+        for cls in classes:
+            doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+            out += _section(f"`{title}`: {cls.__name__}", cls, "", doc, key=flag)
+    return out
+
+
 def configuration_markdown() -> str:
     """The whole reference, as ``docs/configuration.md`` holds it."""
-    lines = [HEADER, *_run_config(), *_methods(), *_grid()]
+    lines = [HEADER, *_run_config(), *_methods(), *_grid(), *_commands()]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "settings",
-        help="every setting (run configs, methods, experiment grids) with type, default, meaning",
-        description="Print the configuration reference (markdown) generated from the settings "
-        "dataclasses; --out writes it to a file (docs/configuration.md).",
-    )
-    p.add_argument("--out", help="write the reference here (atomically) instead of printing it")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    text = configuration_markdown()
-    if args.out:
-        from looplm.io import atomic_write_text
-
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}")
-    else:
-        print(text, end="")
-    return 0

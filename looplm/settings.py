@@ -245,23 +245,46 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def settings_table(cls: type, prefix: str = "") -> list[str]:
+def allowed_text(f: dataclasses.Field) -> str:
+    """A field's allowed values in words (``1..4096``, ``>= 0, usual cap 512``, ``a | b``), or ''."""
+    meta = f.metadata or {}
+    parts = []
+    if meta.get("choices") is not None:
+        parts.append(" \\| ".join(str(c) for c in meta["choices"]))
+    lo, hi, cap = meta.get("lo"), meta.get("hi"), meta.get("cap")
+    if lo is not None and hi is not None:
+        parts.append(f"{lo:g}..{hi:g}")
+    elif lo is not None:
+        parts.append(f">= {lo:g}")
+    elif hi is not None:
+        parts.append(f"<= {hi:g}")
+    if cap is not None:
+        parts.append(f"usual cap {cap:g}")
+    return ", ".join(parts)
+
+
+def settings_table(
+    cls: type, prefix: str = "", *, key: Callable[[str], str] | None = None
+) -> list[str]:
     """Markdown rows ``| key | type | default | meaning |`` for the fields of ``cls`` (nested
-    dataclass fields are left out: they get tables of their own). A field without a comment is
-    a LoopLMError: every setting is documented."""
+    dataclass fields are left out: they get tables of their own; ``key(name)`` names a field,
+    e.g. as its option). The meaning ends with the allowed values where the field states them
+    (:func:`setting`). A field without a comment is a LoopLMError: every setting is documented."""
     meaning = field_comments(cls)
     hints = typing.get_type_hints(cls)
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
+        if dataclasses.is_dataclass(hints[f.name]) or (key and not f.metadata.get("cli", True)):
             continue
         if not meaning.get(f.name):
             raise LoopLMError(f"setting {prefix}{f.name} of {cls.__name__} has no comment")
         typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        rows.append(
-            f"| `{prefix}{f.name}` | `{_cell(typ)}` | `{_cell(_default(f))}` | "
-            f"{_cell(meaning[f.name])} |"
-        )
+        name = key(f.name) if key else f"{prefix}{f.name}"
+        text = _cell(meaning[f.name])
+        allowed = allowed_text(f)
+        if allowed:
+            text += f" (allowed: {allowed})"
+        rows.append(f"| `{name}` | `{_cell(typ)}` | `{_cell(_default(f))}` | {text} |")
     return rows
 
 

@@ -22,15 +22,13 @@ MAX_CEILING = 4096  # soft cap: a ceiling costs up to C block applications per t
 class AdaptiveSettings:
     """Adaptive depth under a loop ceiling: which rules, their settings, calibration, timing."""
 
-    ceiling: int = setting(
-        DEFAULT_CEILING, lo=1, cap=MAX_CEILING, what="the loop ceiling C"
-    )  # the loop ceiling (the rows' depth)
+    # the loop ceiling (the rows' depth)
+    ceiling: int = setting(DEFAULT_CEILING, lo=1, cap=MAX_CEILING, what="the loop ceiling C")
     rules: list[str] = setting(list(RULES), choices=RULES)  # stopping rules: maxtoken, kl, router
     # maxtoken: mean depths the threshold is calibrated to
     budgets: list[float] = setting(list(DEFAULT_BUDGETS), lo=1, cap=MAX_CEILING)
-    kl_thresholds: list[float] = setting(
-        list(DEFAULT_KL_THRESHOLDS), lo=0
-    )  # kl: halting thresholds
+    # kl: halting thresholds
+    kl_thresholds: list[float] = setting(list(DEFAULT_KL_THRESHOLDS), lo=0)
     # router: halt when P(converged) >= p
     router_probs: list[float] = setting(list(DEFAULT_ROUTER_PROBS), lo=0, hi=1)
     # router: KL under which a token counts as converged (its label)
@@ -40,9 +38,8 @@ class AdaptiveSettings:
     calib_max_tokens: int | None = setting(None, lo=1)
     # uniform fixed depths timed for comparison
     timing_depths: list[int] = setting([], lo=1, cap=MAX_CEILING)
-    timing_repeats: int = setting(
-        1, lo=1, cap=1000
-    )  # wall clock = the minimum over this many passes
+    # wall clock = the minimum over this many passes
+    timing_repeats: int = setting(1, lo=1, cap=1000)
     time_dense: bool = False  # per-token rules: also time the path without work skipping
     skip: bool = True  # per-token rules: skip the work of halted tokens
 

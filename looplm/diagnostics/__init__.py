@@ -10,7 +10,11 @@
 * :mod:`~looplm.diagnostics.convergence` — successive-output KL, per-token convergence depth by
   token type (the per-token convergence study);
 * the Jacobian lens is an analysis of its own: :mod:`looplm.lens`;
-* :mod:`~looplm.diagnostics.settings` — the settings of ``looplm diagnose`` and its sweep kind;
+* :mod:`~looplm.diagnostics.settings` — the settings of ``looplm diagnose``, its sweep kind and
+  :func:`~looplm.diagnostics.runner.diagnose_model`; :mod:`~looplm.diagnostics.checkpoints` — the
+  diagnostics of several checkpoints; :mod:`~looplm.diagnostics.kind` — the ``diagnostics`` sweep
+  kind (its rows go to the fixed-depth tables); :mod:`~looplm.diagnostics.command` —
+  ``looplm diagnose``;
 * :mod:`~looplm.diagnostics.runner` — all of them over measured batches;
   :mod:`~looplm.diagnostics.plots` — the figures.
 """

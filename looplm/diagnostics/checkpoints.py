@@ -184,7 +184,7 @@ def diagnose_checkpoints(
 
 
 def _store(path: str, cfg, results: dict) -> None:
-    from looplm.evaluate.kinds.diagnostics import Diagnostics
+    from looplm.diagnostics.kind import Diagnostics
     from looplm.results.store import ResultsStore
 
     with ResultsStore(path) as store:

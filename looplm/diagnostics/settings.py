@@ -29,31 +29,27 @@ class DataSettings:
     data_dir: str | None = None  # folder with local corpora (e.g. ../shared/data)
     cache_dir: str | None = None  # token cache folder
     split: str | None = None  # split to draw inputs from (default: the run's eval split)
-    seq_len: int | None = setting(
-        None, lo=1, hi=1_048_576
-    )  # window length for corpora (default: context)
+    # window length for corpora (default: context)
+    seq_len: int | None = setting(None, lo=1, hi=1_048_576)
 
 
 @dataclass
 class DiagnoseSettings:
     """The mechanistic diagnostics of a looped model (paper defaults where the paper gives one)."""
 
-    loops: int = setting(
-        48, lo=1, cap=MAX_LOOPS, what="the loop depth T"
-    )  # unroll depth T (Table 3 uses 48)
+    # unroll depth T (Table 3 uses 48)
+    loops: int = setting(48, lo=1, cap=MAX_LOOPS, what="the loop depth T")
     batches: int = setting(2, lo=1, cap=10_000)  # measured batches
     batch_size: int = setting(4, lo=1, hi=65_536)  # sequences (full context windows) per batch
     # working precision (float64 keeps the ε = 1e-3 finite differences exact enough)
     dtype: str = setting("float64", choices=DTYPES)
-    kl_threshold: float = setting(
-        DEFAULT_KL_THRESHOLD, lo=1e-12
-    )  # τ of the per-token convergence depth
+    # τ of the per-token convergence depth
+    kl_threshold: float = setting(DEFAULT_KL_THRESHOLD, lo=1e-12)
     steer_inputs: int = setting(6, lo=0, cap=10_000)  # inputs of the steering rollouts (paper: 6)
     check_steps: int = setting(4, lo=0, cap=4096)  # steps of the numerical Lemma 1 check (0: skip)
     seed: int = setting(0, lo=0)  # seed of the random probe directions
-    n_dirs: int = setting(
-        N_DIRECTIONS, lo=1, cap=10_000, cli=False
-    )  # random probe directions of the gain
+    # random probe directions of the gain
+    n_dirs: int = setting(N_DIRECTIONS, lo=1, cap=10_000, cli=False)
     eps_fd: float = setting(EPS_FD, lo=1e-12, cli=False)  # finite-difference step of the gain
     # the largest trained depth (Figure 4's circle; "still updating at 8"; the command and the kind
     # take the checkpoint's)

@@ -17,6 +17,8 @@ from looplm.diagnostics.settings import DataSettings
 from looplm.lens.settings import LensInputs, LensSettings
 from looplm.options import add_options, from_args
 
+SETTINGS = (LensInputs, LensSettings, DataSettings)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -30,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint folder")
-    for cls in (LensInputs, LensSettings, DataSettings):
+    for cls in SETTINGS:
         add_options(p, cls)
     p.set_defaults(func=run)
 

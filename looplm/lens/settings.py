@@ -87,9 +87,8 @@ class LensInputs:
     prompts: int = setting(16, lo=1, cap=100_000)  # fitting prompts
     eval_prompts: int = setting(32, lo=1, cap=100_000)  # held-out prompts
     batch_size: int = setting(16, lo=1, hi=65_536)  # prompts per batch
-    lens: str | None = (
-        None  # a saved Jacobian lens (lens_T{T} folder) to use at T instead of fitting
-    )
+    # a saved Jacobian lens (lens_T{T} folder) to use at T instead of fitting
+    lens: str | None = None
     threads: int | None = setting(None, lo=1, hi=1024)  # CPU threads for torch
 
 

@@ -14,6 +14,8 @@ import argparse
 from looplm.diagnostics.settings import DataSettings, DiagnoseOutput, DiagnoseSettings
 from looplm.options import add_options, from_args
 
+SETTINGS = (DiagnoseSettings, DataSettings, DiagnoseOutput)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -26,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="checkpoint folder(s)")
-    for cls in (DiagnoseSettings, DataSettings, DiagnoseOutput):
+    for cls in SETTINGS:
         add_options(p, cls)
     p.set_defaults(func=run)
 
