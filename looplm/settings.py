@@ -350,10 +350,9 @@ def check_field(f: dataclasses.Field, value: Any, key: str, *, large: bool | Non
             lo_s = "" if lo is None else f"{lo:g}"
             hi_s = "" if hi is None else f"{hi:g}"
             span = f"{lo_s}..{hi_s}" if lo_s and hi_s else (f">= {lo_s}" if lo_s else f"<= {hi_s}")
-            if meta.get("what"):
-                words = f"in {span}" if ".." in span else span
-                raise LoopLMError(f"{key}{sep}{v:g}: {meta['what']} must be {words}")
-            raise LoopLMError(f"{key}{sep}{v:g} is out of range; allowed: {span}")
+            words = f"in {span}" if ".." in span else span
+            what = f": {meta['what']}" if meta.get("what") else ""
+            raise LoopLMError(f"{key}{sep}{v:g}{what} must be {words}")
         if cap is not None and v > cap and not (allow_large() if large is None else large):
             raise LoopLMError(
                 f"{key}{sep}{v:g} is above the usual cap {cap:g} (it costs time in proportion); "

@@ -35,7 +35,7 @@ class AdaptiveDepth(EvaluationKind):
     order = 20
 
     def __init__(self, settings: AdaptiveSettings) -> None:
-        self.s = settings
+        self.settings = settings
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> AdaptiveDepth | None:
@@ -51,14 +51,14 @@ class AdaptiveDepth(EvaluationKind):
             return []
         base = fixed_depth_identities(
             job.cfg,
-            [self.s.ceiling],
+            [self.settings.ceiling],
             dataset=job.cfg.data.dataset,
             split=job.split,
             tag=job.tag(max_tokens=job.max_tokens),
             protocol=job.protocol,
         )[0]
         out = []
-        s = self.s
+        s = self.settings
         modes = adaptive_modes(s.rules, s.budgets, s.kl_thresholds, s.router_probs)
         for rule, ms in modes.items():
             cal = adaptive_calibration(rule, s.calib_split, s.calib_max_tokens, s.label_threshold)
@@ -72,7 +72,7 @@ class AdaptiveDepth(EvaluationKind):
         res = evaluate_adaptive(
             job.model(),
             job.cfg,
-            self.s,
+            self.settings,
             split=job.split,
             max_tokens=job.max_tokens,
             batch_size=job.batch_size,

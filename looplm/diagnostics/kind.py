@@ -63,7 +63,7 @@ class Diagnostics(EvaluationKind):
     order = 90
 
     def __init__(self, settings: DiagnosticsKindSettings) -> None:
-        self.s = settings
+        self.settings = settings
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Diagnostics | None:
@@ -104,7 +104,7 @@ class Diagnostics(EvaluationKind):
         from looplm.evaluate.records import eval_tag
 
         base = ",".join(x for x in (EVAL_TAG, job.evaluate.get("tag", "")) if x)
-        return eval_tag(base, max_examples=self.s.batches * self.s.batch_size)
+        return eval_tag(base, max_examples=self.settings.batches * self.settings.batch_size)
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.data.corpora import canonical_split
@@ -118,8 +118,8 @@ class Diagnostics(EvaluationKind):
                 "method": job.cfg.method_label,
                 "protocol": job.protocol,
                 "dataset": job.cfg.data.dataset,
-                "split": canonical_split(self.s.split),
-                "depth": self.s.loops,
+                "split": canonical_split(self.settings.split),
+                "depth": self.settings.loops,
                 "seed": int(job.cfg.train.seed),
                 "eval_tag": self.tag(job),
                 "adaptive_mode": "",
@@ -137,7 +137,7 @@ class Diagnostics(EvaluationKind):
 
         if not todo:
             return []
-        s = self.s
+        s = self.settings
         dtype = {"float64": torch.float64, "float32": torch.float32}[s.dtype]
         model = copy.deepcopy(job.model()).to(dtype).eval()
         batches, info, pad_id = load_batches(
