@@ -55,7 +55,7 @@ class DiagnoseSettings:
     # take the checkpoint's)
     ref_depth: int = setting(8, lo=1, cli=False)
     # gains of the anchor-start dose-response
-    dose_gains: tuple[float, ...] = setting(DOSE_GAINS, cli=False)
+    dose_gains: tuple[float, ...] = setting(DOSE_GAINS, lo=0, cli=False)
     check_examples: int = setting(2, lo=1, cli=False)  # Lemma 1 check: examples
     check_tokens: int = setting(16, lo=1, cli=False)  # Lemma 1 check: tokens
     check_nodes: int = setting(8, lo=1, cli=False)  # quadrature nodes per panel (Gauss–Legendre)

@@ -23,8 +23,10 @@ class EvalSettings:
     dataset: str | None = None  # evaluate on another dataset (held-out transfer)
     split: str | None = None  # evaluation split (default: the run's eval split)
     data_dir: str | None = None  # folder with local corpora
-    max_tokens: int | None = None  # cap on evaluated tokens (>= 1)
-    batch_size: int | None = None  # sequences per batch (>= 1; default: the run's eval batch size)
+    # cap on evaluated tokens (>= 1, checked with the option's name)
+    max_tokens: int | None = setting(None, hi=10**12)
+    # sequences per batch (>= 1; default: the run's eval batch size)
+    batch_size: int | None = setting(None, hi=65_536)
     device: str = setting("auto", choices=DEVICES)  # auto | cpu | cuda
     out: str | None = None  # also write the JSON here (atomically)
     store: str | None = None  # results store (.sqlite) to write one row per depth into

@@ -99,10 +99,11 @@ class TwoHopLensSettings(LensFit):
     loops: int = setting(8, lo=1, cap=MAX_LOOPS, what="the loop depth T")  # depth T of the fit
     extrapolate: list[int] = setting([], lo=1, cap=MAX_LOOPS)  # deeper depths read too
     n_fit: int = setting(128, lo=1, cap=100_000)  # prompts of training text the arms are fit on
-    band: list[float] = setting(list(REFERENCE_BAND))  # swap band, fractions of T
-    extra_bands: list[list[float]] = setting([])  # further swap bands, fractions of T
+    # swap band, fractions of T (0 <= lo <= hi <= 1, checked as a pair)
+    band: list[float] = setting(list(REFERENCE_BAND), lo=0)
+    extra_bands: list[list[float]] = setting([], lo=0)  # further swap bands, fractions of T
     arms: list[str] = setting(list(ARMS), choices=ARMS)  # readouts compared (jlens required)
-    swap_depths: list[int] | None = None  # depths of the swap test (default: loops)
+    swap_depths: list[int] | None = setting(None, lo=1)  # depths of the swap test (default: loops)
     batch_size: int = setting(512, lo=1, hi=65_536)  # prompts per forward pass
 
     def validate(self) -> None:

@@ -19,7 +19,7 @@ class ReportSettings:
 
     # required seed set: ids like 0,1,2, or default (0,1,2), expanded (0-4), auto (expanded
     # where complete, else default), all
-    seeds: list[int] | str = "auto"
+    seeds: list[int] | str = setting("auto", lo=0)
     # deepest training depth; deeper T are marked extra-loop (default: the runs' train.depth_max
     # in a grid, else 8)
     train_depth_max: int | None = setting(None, lo=1, hi=1_000_000)
