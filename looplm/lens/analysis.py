@@ -35,6 +35,20 @@ from looplm.lens.settings import REFERENCE_BAND, LensInputs, LensSettings
 LensOptions = LensSettings  # the name :func:`analyse_lens` took before the settings were one
 
 
+def check_for_model(settings: LensSettings, model: torch.nn.Module) -> None:
+    """The depths, the subspace dimension and the band of ``settings`` against ``model``."""
+    L.check_lens_loops(model, settings.loops)
+    for T in settings.extrapolate:
+        L.check_lens_loops(model, T)
+        if T <= settings.loops:
+            raise LoopLMError(
+                f"extrapolated depth {T} must be deeper than the fitted T={settings.loops}"
+            )
+    S.check_k(settings.k, model.config.d_model)
+    if settings.band is not None:
+        I.check_band(settings.band, settings.loops)
+
+
 def _say(msg: str, enabled: bool) -> None:
     if enabled:
         print(f"[lens] {msg}", flush=True)
@@ -148,7 +162,7 @@ def analyse_lens(
     opts = opts or LensSettings()
     if opts.loops is None:
         raise LoopLMError("LensSettings.loops: give the depth T of the fit")
-    opts.validate_for(model)
+    check_for_model(opts, model)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = opts.progress
@@ -285,7 +299,7 @@ def lens_checkpoint(
     if inputs.lens:
         lens = L.JacobianLens.load(inputs.lens)
         lens.check_model(model, loops)
-    settings.validate_for(model)
+    check_for_model(settings, model)
     fit_b, eval_b, info, pad_id = _batches(cfg, settings, inputs, data)
     settings.corpus = f"{info['dataset']}/{info['split']}"
     tokenizer, _ = checkpoint_tokenizer(cfg)  # without a tokenizer the slice shows token ids

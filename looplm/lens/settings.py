@@ -36,7 +36,7 @@ class LensFit:
 @dataclass
 class LensSettings(LensFit):
     """``looplm lens``: the Jacobian lens of one checkpoint (:func:`~looplm.lens.analysis.
-    analyse_lens`). Checked against the model by :meth:`validate_for`."""
+    analyse_lens`, which also checks them against the model)."""
 
     # depth T of the fit (default: the largest training depth; an unshared model's layer count)
     loops: int | None = setting(None, lo=1, cap=MAX_LOOPS, what="the loop depth T")
@@ -61,21 +61,6 @@ class LensSettings(LensFit):
     progress: bool = setting(True, cli=False)  # print what is being fitted
     slice_prompt: int = setting(0, lo=0, cli=False)  # the held-out prompt the slice figure shows
     extra: dict[str, Any] = setting({}, cli=False)  # recorded in lens.json as given
-
-    def validate_for(self, model: Any) -> None:
-        """The depths, the subspace dimension and the band against ``model``."""
-        from looplm.lens import interventions, jacobian, structure
-
-        jacobian.check_lens_loops(model, self.loops)
-        for T in self.extrapolate:
-            jacobian.check_lens_loops(model, T)
-            if T <= self.loops:
-                raise LoopLMError(
-                    f"extrapolated depth {T} must be deeper than the fitted T={self.loops}"
-                )
-        structure.check_k(self.k, model.config.d_model)
-        if self.band is not None:
-            interventions.check_band(self.band, self.loops)
 
 
 @dataclass
