@@ -47,7 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for name in _plugin_commands():
+        importlib.import_module(name).register(sub)
     return parser
+
+
+def _plugin_commands() -> list[str]:
+    """Plugin modules (``$LOOPLM_PLUGINS``) that bring a command: those defining ``register``.
+    A plugin analysis is then one module: its settings, kind, report section and command."""
+    from looplm.plugins import plugin_modules
+
+    out = []
+    for name in plugin_modules():
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # the registries name a broken plugin in one line when it is used
+            continue
+        if callable(getattr(module, "register", None)):
+            out.append(name)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
