@@ -203,3 +203,21 @@ def test_a_bad_or_large_value_is_one_line_naming_the_option():
     assert from_args(LensSettings, p.parse_args([*big, "--allow-large"])).loops == 100000
     # a flag's old name keeps working where a boolean is generated
     assert from_args(LensSettings, p.parse_args(["--no-composition"])).composition is False
+
+
+def test_the_configuration_reference_covers_every_analysis_and_kind():
+    """docs/configuration.md (checked for staleness in test_settings) has a table for every
+    command's settings and every kind's section, with the allowed ranges."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    for command, (_, classes) in COMMANDS.items():
+        for cls in classes:
+            assert f"`looplm {command}`: {cls.__name__}" in doc, (command, cls.__name__)
+    for kind in evaluation_kinds():
+        if kind.section and kind.Settings is not None:
+            assert f"### evaluate.{kind.section}" in doc, kind.name
+    from looplm.lens.settings import LensSettings
+
+    steps = LensSettings().tuned_steps
+    assert f"| `--tuned-steps` | `int` | `{steps}` |" in doc and "usual cap 100000" in doc
