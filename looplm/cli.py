@@ -32,7 +32,11 @@ def command_modules() -> list[str]:
         for m in sorted(pkgutil.iter_modules(looplm.commands.__path__), key=lambda m: m.name)
         if not m.name.startswith("_")
     ]
-    return here + analysis_modules("command")
+    # one alphabetical list (an analysis package's command sorts by the package's name)
+    return sorted(
+        here + analysis_modules("command"),
+        key=lambda m: m.split(".")[-2 if m.endswith(".command") else -1],
+    )
 
 
 COMMAND_MODULES = command_modules()
