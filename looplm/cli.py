@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plugin_commands() -> list[str]:
-    """Plugin modules (``$LOOPLM_PLUGINS``) that bring a command: those defining ``register``.
+    """Plugin modules (``$LOOPLM_PLUGINS``) that bring a command: those that define a function
+    ``register(subparsers)`` of their own.
     A plugin analysis is then one module: its settings, kind, report section and command."""
     from looplm.plugins import plugin_modules
 
@@ -67,7 +68,9 @@ def _plugin_commands() -> list[str]:
             module = importlib.import_module(name)
         except Exception:  # the registries name a broken plugin in one line when it is used
             continue
-        if callable(getattr(module, "register", None)):
+        register = getattr(module, "register", None)
+        # its own register(subparsers), not a registry's decorator it imported
+        if callable(register) and getattr(register, "__module__", None) == name:
             out.append(name)
     return out
 
