@@ -21,7 +21,7 @@ import typing
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.settings import _UNION_TYPES, build_settings, field_comments, parse_ints
+from looplm.settings import UNION_TYPES, build_settings, field_comments, parse_ints
 
 ALLOW_LARGE = "allow_large"
 
@@ -33,7 +33,7 @@ def flag(name: str) -> str:
 
 def _base(typ: Any) -> tuple[Any, bool]:
     """(the annotation without ``| None``, whether None is allowed)."""
-    if typing.get_origin(typ) in _UNION_TYPES:
+    if typing.get_origin(typ) in UNION_TYPES:
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         return (args[0] if len(args) == 1 else str), True
     return typ, False
@@ -164,8 +164,3 @@ def from_args(cls: type, args: argparse.Namespace, **fixed: Any) -> Any:
         name=lambda k: flag(k) if k not in fixed else k,
         large=bool(getattr(args, ALLOW_LARGE, False)) or None,
     )
-
-
-def settings_of(obj: Any) -> dict[str, Any]:
-    """A settings instance as a plain mapping (what a result file records)."""
-    return dataclasses.asdict(obj)

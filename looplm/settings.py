@@ -31,7 +31,7 @@ import yaml
 
 from looplm.errors import LoopLMError, yaml_problem
 
-_UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))
+UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))
 
 
 class _Loader(yaml.SafeLoader):
@@ -59,7 +59,7 @@ def coerce(value: Any, typ: Any, key: str) -> Any:
     origin, args = typing.get_origin(typ), typing.get_args(typ)
     if typ is Any:
         return value
-    if origin in _UNION_TYPES:
+    if origin in UNION_TYPES:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]

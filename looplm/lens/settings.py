@@ -68,7 +68,7 @@ class LensInputs:
     """``looplm lens``: the prompts (drawn from the checkpoint's data, see
     :class:`looplm.diagnostics.settings.DataSettings`) and the output."""
 
-    out: str = setting(positional=False)  # output folder
+    out: str  # output folder
     prompts: int = setting(16, lo=1, cap=100_000)  # fitting prompts
     eval_prompts: int = setting(32, lo=1, cap=100_000)  # held-out prompts
     batch_size: int = setting(16, lo=1, hi=65_536)  # prompts per batch
