@@ -16,7 +16,7 @@ from looplm import cli
 from looplm.errors import LoopLMError
 from looplm.evaluate.kinds import evaluation_kinds
 from looplm.options import add_options, from_args
-from looplm.settings import _UNION_TYPES, defaults
+from looplm.settings import UNION_TYPES, defaults
 
 
 def _commands() -> dict[str, tuple[argparse.ArgumentParser, tuple[type, ...]]]:
@@ -135,7 +135,7 @@ def test_library_functions_take_the_settings_object_and_restate_no_default(path)
         for t in (
             a
             for h in hints.values()
-            for a in ((h,) if typing.get_origin(h) not in _UNION_TYPES else typing.get_args(h))
+            for a in ((h,) if typing.get_origin(h) not in UNION_TYPES else typing.get_args(h))
         )
         if isinstance(t, type) and t.__name__ == LIBRARY[path]
     ]
