@@ -21,6 +21,8 @@ _LAZY = {
     "model_from_config": "looplm.model",
     "recurrence_names": "looplm.model",
     "flops": "looplm.accounting",
+    "from_pretrained": "looplm.model.families",
+    "import_pretrained": "looplm.model.families",
 }
 
 

@@ -15,6 +15,12 @@ same prefill at full depth T, the same per-token halting (decisions are per toke
 attends only to its own cache), the same sliding window past the context (the slot is prefilled
 again from the last ``context - slide + 1`` tokens), and sampling from the request's own seeded
 generator.
+
+The same batch can be driven by arrivals instead of a list (:class:`Batcher`, what
+``looplm serve`` runs): a request joins at the next token boundary (:meth:`Batcher.join`, the
+cache grows by one row), leaves when it ends or is cancelled (:meth:`Batcher.cancel`: a client
+that went away frees its slot at the next token), and every token is reported as it is chosen
+(``on_token``). Joining and leaving change no other row's tokens.
 """
 
 from __future__ import annotations
@@ -39,19 +45,22 @@ from looplm.generate import (
 
 SCHEDULES = ("continuous", "static")
 
-__all__ = ["SCHEDULES", "BatchResult", "Completion", "Request", "generate_many"]
+__all__ = ["SCHEDULES", "BatchResult", "Batcher", "Completion", "Request", "generate_many"]
 
 
 @dataclass(frozen=True)
 class Request:
     """One prompt: token ids, how many tokens to add, and how to sample them (temperature 0 is
-    greedy; ``seed`` seeds this request's own generator)."""
+    greedy; ``seed`` seeds this request's own generator). ``logprobs``: record each chosen
+    token's log-probability under the model (log-softmax of the logits, before temperature) and,
+    when > 0, that many most likely alternatives."""
 
     ids: tuple[int, ...]
     max_new: int = 32
     temperature: float = 0.0
     top_k: int | None = None
     seed: int = 0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not self.ids:
@@ -62,14 +71,21 @@ class Request:
             raise LoopLMError(f"temperature={self.temperature!r} must be >= 0")
         if self.top_k is not None and (isinstance(self.top_k, bool) or self.top_k < 1):
             raise LoopLMError(f"top_k={self.top_k!r} must be an integer >= 1")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or self.logprobs < 0):
+            raise LoopLMError(f"logprobs={self.logprobs!r} must be an integer >= 0")
 
 
 @dataclass
 class Completion:
-    """The generated tokens of one request and the loop depth that chose each of them."""
+    """The generated tokens of one request and the loop depth that chose each of them; with
+    ``Request.logprobs`` each token's log-probability and its top alternatives (id, logprob);
+    ``finish``: why it ended — ``length`` (max_new), ``stop`` (end of text), ``cancelled``."""
 
     tokens: list[int] = field(default_factory=list)
     loops: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: str = ""
 
 
 @dataclass
@@ -99,7 +115,7 @@ class BatchResult:
 class _Row:
     """A sequence in a slot: its request, all its tokens so far, and its sampling generator."""
 
-    def __init__(self, index: int, request: Request) -> None:
+    def __init__(self, index: object, request: Request) -> None:
         self.index, self.request = index, request
         self.tokens = list(request.ids)
         self.out = Completion()
@@ -146,7 +162,10 @@ def generate_many(
     model.eval()
     total = sum(r.max_new for r in requests)
     bar = tqdm(total=total, disable=not progress, unit="tok", leave=False)
-    run = _Batcher(model, requests, loops, halting, slide, eot_id, bar, prefill_halt)
+    run = Batcher(model, loops, halting, slide=slide, eot_id=eot_id, prefill_halt=prefill_halt)
+    run.bar = bar
+    for item in enumerate(requests):
+        run.queue.append(item)
     t0 = time.perf_counter()
     with torch.no_grad():
         while run.queue or run.rows:
@@ -162,24 +181,42 @@ def generate_many(
             run.decode()
     bar.close()
     seconds = time.perf_counter() - t0
-    return BatchResult(run.completions, seconds, run.steps, run.row_steps, run.prompt_loops)
+    completions = [run.completions[i] for i in range(len(requests))]
+    return BatchResult(completions, seconds, run.steps, run.row_steps, run.prompt_loops)
 
 
-class _Batcher:
-    """The state of :func:`generate_many` between steps: the rows in the batch, their cache and
-    next-token logits, and the requests still waiting."""
+class Batcher:
+    """A running batch between token boundaries: the rows in it, their cache and next-token
+    logits, and the requests waiting in ``queue`` ((key, Request) pairs).
 
-    def __init__(self, model, requests, loops, halting, slide, eot_id, bar, prefill_halt) -> None:
+    :func:`generate_many` fills ``queue`` from a list; a server calls, at every token boundary,
+    :meth:`sample` (one token per row; ``on_token(key, token, depth, completion)`` hears each),
+    :meth:`refill_or_drop` (ended rows leave), :meth:`join` for arrivals,
+    :meth:`slide_full_windows` and :meth:`decode`. The model is validated by the caller
+    (:func:`generate_many` does it)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loops: int,
+        halting: Halting,
+        *,
+        slide: int = 1,
+        eot_id: int | None = None,
+        prefill_halt: bool = False,
+        on_token=None,
+    ) -> None:
         self.model, self.loops, self.halting = model, loops, halting
         self.prefill_halt = prefill_halt and halting.enabled
-        self.slide, self.eot_id, self.bar = slide, eot_id, bar
+        self.slide, self.eot_id, self.bar, self.on_token = slide, eot_id, None, on_token
         self.context = model.config.context
         self.device = model.tok_emb.weight.device
-        self.queue = deque(enumerate(requests))
-        self.completions = [Completion() for _ in requests]
+        self.queue: deque[tuple[object, Request]] = deque()
+        self.completions: dict[object, Completion] = {}  # key -> its finished completion
         self.rows: list[_Row] = []
         self.cache = RaggedKVCache(self.context, 0)
-        self.logits = torch.empty(0)  # (B, V) next-token logits of every row
+        # (B, V) next-token logits of every row
+        self.logits = torch.empty(0, model.config.vocab_size, device=self.device)
         self.fresh: dict[int, int] = {}  # rows whose logits come from a prefill: its depth
         self.depth = torch.empty(0, dtype=torch.long)  # the others': their pass's depth
         self.prompt_loops: list[int] = []  # depth of every prompt token (prefill halting)
@@ -222,12 +259,55 @@ class _Batcher:
             row.tokens.append(tok)
             row.out.tokens.append(tok)
             row.out.loops.append(self.fresh[b] if b in self.fresh else int(self.depth[b]))
-            self.bar.update(1)
+            if r.logprobs is not None:
+                self._record_logprobs(row, logits[0], tok)
+            if self.bar is not None:
+                self.bar.update(1)
             if len(row.out.tokens) == r.max_new or tok == self.eot_id:
-                row.done = True
-                self.completions[row.index] = row.out
-                self.bar.update(r.max_new - len(row.out.tokens))
+                row.out.finish = "stop" if tok == self.eot_id else "length"
+                self._end(row)
+            if self.on_token is not None:
+                self.on_token(row.index, tok, row.out.loops[-1], row.out)
         self.fresh = {}
+
+    @staticmethod
+    def _record_logprobs(row: _Row, logits: torch.Tensor, tok: int) -> None:
+        logp = torch.log_softmax(logits.float(), -1)
+        row.out.logprobs.append(float(logp[tok]))
+        k = row.request.logprobs
+        if k:
+            top = torch.topk(logp, min(k, logp.shape[-1]))
+            pairs = zip(top.indices.tolist(), top.values.tolist())
+            row.out.top_logprobs.append([(int(i), float(v)) for i, v in pairs])
+
+    def _end(self, row: _Row) -> None:
+        row.done = True
+        self.completions[row.index] = row.out
+        if self.bar is not None:
+            self.bar.update(row.request.max_new - len(row.out.tokens))
+
+    def join(self, key: object, request: Request) -> None:
+        """``request`` joins the running batch now: a new row, prefilled alone (its first token
+        is sampled at the next :meth:`sample`)."""
+        row = _Row(key, request)
+        self.rows.append(row)
+        self.cache.add_row()
+        self.logits = torch.cat([self.logits, self.logits.new_empty(1, self.logits.shape[1])])
+        self.prefill(len(self.rows) - 1, self.context)
+
+    def cancel(self, key: object) -> bool:
+        """End the sequence ``key`` (its row leaves at the next :meth:`refill_or_drop`; a queued
+        one is removed); False if it is neither running nor queued."""
+        for row in self.rows:
+            if row.index == key and not row.done:
+                row.out.finish = "cancelled"
+                self._end(row)
+                return True
+        for item in self.queue:
+            if item[0] == key:
+                self.queue.remove(item)
+                return True
+        return False
 
     def refill_or_drop(self) -> None:
         """Continuous batching: an ended row takes the next request; with none left it leaves."""

@@ -203,6 +203,9 @@ def load_checkpoint(
         tensors = st_load(data)
     except Exception as exc:  # safetensors raises its own error types
         raise LoopLMError(f"checkpoint {path}: model.safetensors does not load ({exc})") from None
+    stored = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(stored) == 1 and stored != {torch.float32}:  # e.g. an imported bf16 model stays bf16
+        model.to(stored.pop())
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise LoopLMError(

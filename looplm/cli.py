@@ -16,6 +16,7 @@ import os
 import sys
 
 from looplm.errors import LoopLMError, describe_os_error
+from looplm.signals import Interrupted
 
 
 def command_modules() -> list[str]:
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Interrupted as exc:  # SIGTERM / Ctrl-C stopped a command that trains several models
+        print(exc.describe(), file=sys.stderr)
+        return exc.exit_status
 
 
 if __name__ == "__main__":

@@ -85,6 +85,26 @@ class ModelConfig:
     prelude_layers: int = 0  # non-looped layers before the loop
     core_layers: int = 1  # layers of the looped core (together the shared update G)
     coda_layers: int = 0  # non-looped layers after the loop
+    # Block and readout options, for checkpoints trained elsewhere (looplm.model.families); the
+    # defaults are looplm's own block (see looplm.model.block for the equations).
+    n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
+    norm_placement: str = "pre"  # pre | sandwich (sublayer outputs normed) | sandwich_sum (sums)
+    qk_norm: bool = False  # RMS-normalise queries and keys per head (no gain), after rotation
+    qk_bias: bool = False  # learned bias on the query and key projections
+    mlp: str = "swiglu"  # swiglu | relu2 (W_down(½·relu(W_up x)²))
+    rope_layout: str = "half"  # half (rotate-half) | interleaved (pairs 2i, 2i+1)
+    value_embed_layers: list[int] = field(default_factory=list)  # layers (prelude, core, coda
+    # order) whose values add a gated per-token value embedding
+    reference_rounding: bool = False  # operation order of reference implementations (layer
+    # sums left to right, RoPE frequencies 1/base^(2i/hs)): rounding only, for foreign checkpoints
+    tie_head: bool = True  # output head tied to the token embedding; False: its own matrix
+    emb_scale: float = 1.0  # the token embedding is multiplied by this
+    final_norm: bool = True  # the readout normalises h first; False: it reads h as is
+    coda_norm: bool = False  # the final norm (same gain) also applied to h_T before the coda
+    logit_scale: float = 1.0  # logits multiplied by this
+    logit_softcap: float = 0.0  # > 0: logits ← c·tanh(logits / c)
+    attn_gate: bool = False  # attention output gated per head and channel by σ(W_g x)
+    norm_weight: bool = True  # RMSNorms carry a learned gain; False: x / rms(x), no parameters
 
     @property
     def is_looped(self) -> bool:
@@ -115,12 +135,52 @@ class ModelConfig:
                 f"model.positions=rope needs an even head size, got d_model/n_heads = "
                 f"{self.d_model // self.n_heads}"
             )
+        self._validate_block_options()
         if self.init not in INIT_SCHEMES:
             raise LoopLMError(f"model.init={self.init!r}; allowed: {', '.join(INIT_SCHEMES)}")
         _positive(self, "init_depth")
         for key in ("init_std", "emb_std", "norm_eps"):
             if not getattr(self, key) > 0:
                 raise LoopLMError(f"model.{key}={getattr(self, key)} must be > 0")
+
+    def _validate_block_options(self) -> None:
+        for key, allowed in (
+            ("norm_placement", ("pre", "sandwich", "sandwich_sum")),
+            ("mlp", ("swiglu", "relu2")),
+            ("rope_layout", ("half", "interleaved")),
+        ):
+            if getattr(self, key) not in allowed:
+                raise LoopLMError(
+                    f"model.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
+                )
+        kv = self.n_kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0 or (kv and self.n_heads % kv):
+            raise LoopLMError(
+                f"model.n_kv_heads={kv!r} must be 0 (= n_heads) or divide n_heads={self.n_heads}"
+            )
+        n_layers = self.prelude_layers + self.core_layers + self.coda_layers
+        bad = [
+            i for i in self.value_embed_layers if not isinstance(i, int) or not 0 <= i < n_layers
+        ]
+        if bad:
+            raise LoopLMError(
+                f"model.value_embed_layers has {bad[0]!r}; allowed: layer indices 0 … "
+                f"{n_layers - 1} (prelude, core, coda)"
+            )
+        for key in ("emb_scale", "logit_scale"):
+            if not getattr(self, key) > 0:
+                raise LoopLMError(f"model.{key}={getattr(self, key)} must be > 0")
+        if self.coda_norm and not self.final_norm:
+            raise LoopLMError(
+                "model.coda_norm=true reuses the final norm: it needs final_norm=true"
+            )
+        if not self.logit_softcap >= 0:
+            raise LoopLMError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0: none)")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when 0."""
+        return self.n_kv_heads or self.n_heads
 
 
 @dataclass
@@ -336,6 +396,11 @@ def load_config(path_or_name: str | None, overrides: list[str] | None = None) ->
             loaded = load_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise LoopLMError(f"config {path}: not valid YAML ({yaml_problem(exc)})") from None
+        if not loaded:  # an empty file (or only comments) would train the defaults silently
+            raise LoopLMError(
+                f"config {path} is empty; give at least one setting (e.g. model.recurrence: "
+                "scse), or a config name such as tiny_bool"
+            )
         if not isinstance(loaded, dict):
             raise LoopLMError(f"config {path}: top level must be a mapping")
         raw = loaded

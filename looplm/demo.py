@@ -19,6 +19,7 @@ from looplm.config import load_config
 from looplm.data.sources import make_source
 from looplm.evaluate.sweep import depth_sweep
 from looplm.io import atomic_write_json, atomic_write_text
+from looplm.signals import Interrupted, raise_if_stopped, stop_on_signals
 
 DEPTHS = [1, 2, 4, 8, 12, 16, 24, 32, 48]
 DEFAULT_METHODS = ["scse", "looped", "tuned_adapter"]
@@ -64,9 +65,10 @@ def run_demo(
     progress: bool | None = None,
     task: str = "bool_logic",
 ) -> dict[str, Any]:
-    """Train, sweep and report every method; returns the results dict also saved as JSON."""
-    from looplm.train import fit
+    """Train, sweep and report every method; returns the results dict also saved as JSON.
 
+    SIGTERM or Ctrl-C stop the whole demo (:class:`looplm.signals.Interrupted`): the methods
+    finished by then are kept in ``results.json`` (marked ``interrupted``)."""
     methods = methods or DEFAULT_METHODS
     steps, n_eval = BUDGETS["quick" if quick else "default"]
     out = Path(out_dir)
@@ -79,6 +81,36 @@ def run_demo(
         "task": task,
     }
     t_all = time.perf_counter()
+    try:
+        with stop_on_signals():  # SIGTERM / Ctrl-C stop the whole demo, not one training
+            _train_and_sweep(methods, results, out, steps, n_eval, seed, progress, task)
+    except Interrupted as exc:
+        if results["methods"]:  # what was finished is kept
+            atomic_write_json(out / "results.json", {**results, "interrupted": True})
+            exc.kept = f"finished methods ({', '.join(results['methods'])}) kept in {out}"
+        raise
+    results["seconds"] = time.perf_counter() - t_all
+    atomic_write_json(out / "results.json", results)
+    plot_depth_response(results, out / "depth_response.png")
+    report = render_report(results)
+    atomic_write_text(out / "report.md", report)
+    print(report)
+    return results
+
+
+def _train_and_sweep(
+    methods: list[str],
+    results: dict[str, Any],
+    out: Path,
+    steps: int,
+    n_eval: int,
+    seed: int,
+    progress: bool | None,
+    task: str,
+) -> None:
+    """Train, sweep and test each method in turn, filling ``results["methods"]``."""
+    from looplm.train import fit
+
     for method in methods:
         t0 = time.perf_counter()
         cfg = load_config(
@@ -93,7 +125,7 @@ def run_demo(
             ],
         )
         print(f"[demo] training {method}: {steps} steps, T ~ U{{1..8}}", flush=True)
-        fit(cfg, progress=progress, quiet=True)
+        raise_if_stopped(fit(cfg, progress=progress, quiet=True))
         from looplm.checkpoint import load_checkpoint
 
         model, cfg, _ = load_checkpoint(out / method / "ckpt")
@@ -124,13 +156,6 @@ def run_demo(
             f"(chance 0.5); max |b_t| = {fb['max_abs']:.3g}  ({time.perf_counter() - t0:.0f}s)",
             flush=True,
         )
-    results["seconds"] = time.perf_counter() - t_all
-    atomic_write_json(out / "results.json", results)
-    plot_depth_response(results, out / "depth_response.png")
-    report = render_report(results)
-    atomic_write_text(out / "report.md", report)
-    print(report)
-    return results
 
 
 def render_report(results: dict[str, Any]) -> str:

@@ -8,6 +8,8 @@ the bad value and what is allowed. The CLI prints it as one line and exits with 
 from __future__ import annotations
 
 import errno
+import os
+import re
 
 
 class LoopLMError(ValueError):
@@ -50,3 +52,17 @@ def describe_os_error(exc: OSError) -> str:
     what = _FAULTS.get(exc.errno or -1) or (exc.strerror or str(exc) or type(exc).__name__)
     msg = " ".join(str(what).split())
     return f"{where}: {msg}" if where else msg
+
+
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_in(exc: BaseException, path: str | os.PathLike) -> OSError | None:
+    """An ``OSError`` naming ``path`` for a storage fault that a library reports as its own
+    exception type (safetensors' Rust writer says ``… No space left on device (os error 28)``),
+    so the CLI prints it as one line; None when ``exc`` carries no operating-system error."""
+    found = _OS_ERROR_IN_TEXT.search(str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))

@@ -273,6 +273,20 @@ class RaggedKVCache(KVCache):
         self._length = self._length[rows.to(self._length.device)]
         self.rows = None
 
+    def add_row(self) -> int:
+        """One more, empty row after the others (a sequence joining a running batch); returns
+        its index. The buffers grow by one row: memory stays rows × capacity."""
+        self.buffers = [
+            (
+                torch.cat([k, k.new_zeros(1, *k.shape[1:])]),
+                torch.cat([v, v.new_zeros(1, *v.shape[1:])]),
+            )
+            for k, v in self.buffers
+        ]
+        self._length = torch.cat([self._length, self._length.new_zeros(1)])
+        self.rows = None
+        return self.n_rows - 1
+
 
 def _require_cacheable(model: nn.Module) -> None:
     if not getattr(model, "is_looped", False):

@@ -19,14 +19,15 @@ from looplm.settings import setting
 
 PROMPT_KEYS = ("prompt", "max_new", "temperature", "top_k", "seed")
 HALTS = ("none", "kl", "maxtoken")  # per-token halting rules of decoding
-MAX_LOOPS = 4096  # soft cap on the loop depth: every token costs T block applications
 
 
 @dataclass
 class GenerateSettings:
     """Decoding: depth, halting, sampling, and (for a prompt file) batching."""
 
-    loops: int = setting(8, lo=1, cap=MAX_LOOPS, what="the loop depth T")  # loop depth T
+    loops: int = setting(8, lo=1, loops=True, what="the loop depth T")  # loop depth T
+    # allow --loops above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one
+    max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
     # tokens to generate (printed as they are made; Ctrl-C stops)
     max_new: int = setting(32, lo=1)
     temperature: float = setting(0.0, lo=0)  # 0: greedy

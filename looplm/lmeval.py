@@ -219,6 +219,14 @@ def cli(argv: list[str]) -> int:
         try:
             harness = HarnessCLI()
             harness.execute(harness.parse_args())
+        except ValueError as exc:
+            if str(exc).startswith("Tasks not found"):  # the harness's own traceback otherwise
+                missing = str(exc).split(":", 1)[1].strip()
+                raise LoopLMError(
+                    f"--tasks {tasks}: unknown task(s) {missing}; list the known ones with "
+                    "`looplm lm-eval ls tasks` (or pass --include_path with your task's YAML)"
+                ) from None
+            raise
         finally:
             sys.argv = saved
     return 0

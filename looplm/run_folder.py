@@ -3,7 +3,12 @@ log line a run prints where no progress bar is drawn."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,9 @@ def check_resume_config(saved: RunConfig, cfg: RunConfig, ckpt: Path | str, step
 def check_out_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> None:
     """Refuse to start a fresh run over a folder that holds a checkpoint unless asked: ``resume``
     continues it, ``overwrite`` replaces it."""
+    from looplm.limits import check_output_folder
+
+    check_output_folder("out_dir=", cfg.out_dir)
     ckpt = Path(cfg.out_dir) / "ckpt"
     if resume or overwrite or not checkpoint_exists(ckpt):
         return
@@ -41,6 +49,42 @@ def check_out_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False)
         f"{cfg.out_dir} already holds a checkpoint (step {step}); pass --resume to continue it "
         "or --overwrite to replace it"
     )
+
+
+#: Held by the training that writes a run folder (beside the sweep's own cell lock).
+TRAIN_LOCK = ".train.lock"
+
+
+@contextlib.contextmanager
+def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold ``<out_dir>/.train.lock`` for a whole training, so a second ``looplm train`` into the
+    same folder fails at once instead of silently replacing the first one's checkpoint and
+    metrics. The lock is the sweep cells' (:func:`looplm.io.file_lock`): the operating system
+    releases it when the holder exits, kill -9 included, so a dead run never blocks a resume.
+    The lock file names its holder (pid, host, start time) for the error message. Under torchrun
+    rank 0 holds it for every rank of the job (the other ranks take no lock)."""
+    from looplm.io import file_lock
+
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    path = Path(out_dir) / TRAIN_LOCK
+    with file_lock(path, wait=False) as held:
+        if not held:
+            try:
+                holder = path.read_text(encoding="utf-8").strip() or "another process"
+            except OSError:
+                holder = "another process"
+            raise LoopLMError(
+                f"{out_dir} is in use by another training ({holder}); fail-fast rather than "
+                "overwrite it: wait for it to end (or stop it), then continue it with --resume, "
+                "or train into another out_dir"
+            )
+        # written in place, not replaced: the lock lives on this file's inode
+        with open(path, "w", encoding="utf-8") as f:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}, started {stamp}\n")
+        yield
 
 
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:

@@ -148,6 +148,14 @@ def build_settings(
         raise LoopLMError(f"{prefix or 'settings'} needs {missing[0]}")
     kwargs = {}
     by_name = {f.name: f for f in fields}
+    # a field marked raises_ceiling raises the loop ceiling of the loop depths beside it
+    # (``--max-loops``), so it is read first
+    over = [f.name for f in fields if (f.metadata or {}).get("raises_ceiling")]
+    max_loops = values.get(over[0]) if over else None
+    if max_loops is not None:
+        key = name(over[0]) if name else f"{prefix}.{over[0]}".lstrip(".")
+        max_loops = coerce(max_loops, hints[over[0]], key)
+        check_field(by_name[over[0]], max_loops, key)
     for k, v in values.items():
         typ, key = hints[k], name(k) if name else f"{prefix}.{k}".lstrip(".")
         if dataclasses.is_dataclass(typ):
@@ -156,7 +164,8 @@ def build_settings(
             kwargs[k] = build_settings(typ, v, key, noun=noun, large=large)
         else:
             kwargs[k] = coerce(v, typ, key)
-            check_field(by_name[k], kwargs[k], key, large=large)
+            check_field(by_name[k], kwargs[k], key, large=large, max_loops=max_loops,
+                        offer_flag=bool(over))  # fmt: skip
     obj = cls(**kwargs)
     check = getattr(obj, "validate", None)
     if check is not None:
@@ -260,6 +269,8 @@ def allowed_text(f: dataclasses.Field) -> str:
         parts.append(f"<= {hi:g}")
     if cap is not None:
         parts.append(f"usual cap {cap:g}")
+    if meta.get("loops"):
+        parts.append("at most the loop ceiling (256, `LOOPLM_MAX_LOOPS`)")
     return ", ".join(parts)
 
 
@@ -303,6 +314,8 @@ def setting(
     positional: bool = False,
     cli: bool = True,
     what: str = "",
+    loops: bool = False,
+    raises_ceiling: bool = False,
 ) -> Any:
     """A settings field with what the command line and the checks need to know about it.
 
@@ -312,10 +325,14 @@ def setting(
     ``LOOPLM_ALLOW_LARGE=1``) says the large value is meant. ``choices`` lists the allowed
     values; ``flags`` are further option names (today's names where the field's own differs);
     ``positional`` makes it a positional argument; ``cli=False`` keeps it off the command line;
-    ``what`` names the quantity in range errors ("the loop depth T").
+    ``what`` names the quantity in range errors ("the loop depth T"); ``loops`` marks a loop
+    depth, checked against the loop ceiling (:func:`looplm.limits.check_loops`: 256, raised by a
+    field of the same settings marked ``raises_ceiling`` — ``--max-loops`` — or
+    ``LOOPLM_MAX_LOOPS``; lifted by ``--allow-large`` like a cap).
     The field's comment is its help, as everywhere else."""
     meta = {"lo": lo, "hi": hi, "cap": cap, "choices": choices, "flags": flags,
-            "positional": positional, "cli": cli, "what": what}  # fmt: skip
+            "positional": positional, "cli": cli, "what": what, "loops": loops,
+            "raises_ceiling": raises_ceiling}  # fmt: skip
     if isinstance(default, (list, dict, set)):
         value = copy.deepcopy(default)
         return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)
@@ -333,11 +350,30 @@ def _items(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def check_field(f: dataclasses.Field, value: Any, key: str, *, large: bool | None = None) -> None:
-    """``value`` against ``f``'s range, cap and choices (one-line LoopLMError naming ``key``)."""
+def check_field(
+    f: dataclasses.Field,
+    value: Any,
+    key: str,
+    *,
+    large: bool | None = None,
+    max_loops: int | None = None,
+    offer_flag: bool = False,
+) -> None:
+    """``value`` against ``f``'s range, cap, choices and (a loop depth) the loop ceiling
+    (``max_loops`` raises it; ``offer_flag``: the error may suggest ``--max-loops``); a
+    one-line LoopLMError naming ``key``."""
     meta = f.metadata
     if value is None or not meta:
         return
+    _check_range(meta, value, key, large)
+    if meta.get("loops") and not (allow_large() if large is None else large):
+        from looplm.limits import check_loops
+
+        depths = [v for v in _items(value) if isinstance(v, int) and not isinstance(v, bool)]
+        check_loops(key, depths, max_loops, offer_flag and key.startswith("--"))
+
+
+def _check_range(meta: Any, value: Any, key: str, large: bool | None) -> None:
     lo, hi, cap, choices = meta.get("lo"), meta.get("hi"), meta.get("cap"), meta.get("choices")
     sep = " " if key.startswith("--") else "="  # an option reads as typed: --loops 0
     for v in _items(value):
@@ -362,8 +398,11 @@ def check_field(f: dataclasses.Field, value: Any, key: str, *, large: bool | Non
 
 def check_fields(obj: Any, prefix: str = "", *, large: bool | None = None) -> None:
     """Every field of the settings instance ``obj`` against its range, cap and choices."""
-    for f in dataclasses.fields(obj):
-        check_field(f, getattr(obj, f.name), f"{prefix}{f.name}", large=large)
+    fields = dataclasses.fields(obj)
+    over = [getattr(obj, f.name) for f in fields if (f.metadata or {}).get("raises_ceiling")]
+    max_loops = over[0] if over else None
+    for f in fields:
+        check_field(f, getattr(obj, f.name), f"{prefix}{f.name}", large=large, max_loops=max_loops)
 
 
 def defaults(cls: type) -> dict[str, Any]:
@@ -375,6 +414,9 @@ def defaults(cls: type) -> dict[str, Any]:
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
     return out
+
+
+MAX_RANGE = 1_000_000  # values one ``a-b`` range may spell out
 
 
 def parse_ints(text: str, what: str = "--depths") -> list[int]:
@@ -393,9 +435,16 @@ def parse_ints(text: str, what: str = "--depths") -> list[int]:
                 a, b = int(lo), int(hi)
                 if b < a:
                     raise LoopLMError(f"{what} {text!r}: range {part!r} runs backwards")
+                if b - a >= MAX_RANGE:  # refused before it is spelled out
+                    raise LoopLMError(
+                        f"{what} {b}: range {part!r} is out of range; a range spans at most "
+                        f"{MAX_RANGE:,} values"
+                    )
                 out.extend(range(a, b + 1))
             else:
                 out.append(int(part))
+    except LoopLMError:  # a ValueError too: keep its own message
+        raise
     except ValueError:
         raise LoopLMError(
             f"{what} {text!r}: expected comma-separated integers or ranges like 1-48"
@@ -411,12 +460,21 @@ def parse_depths(text: str, what: str = "--depths") -> list[int]:
     return depths
 
 
-def depth_list(value: Any, where: str) -> list[int]:
-    """Depths from a config value: a list, an integer or a string like ``1-48,96``."""
-    if isinstance(value, str):
-        return parse_depths(value)
+def depth_list(value: Any, where: str, *, ceiling: bool = True) -> list[int]:
+    """Depths from a config value: a list, an integer or a string like ``1-48,96``; each at most
+    the loop ceiling (:func:`looplm.limits.check_loops`; a grid has no ``--max-loops``, so the
+    error names ``LOOPLM_MAX_LOOPS``) unless ``ceiling`` is False (a field that checks it)."""
+    if isinstance(value, bool):
+        value = None
     if isinstance(value, int):
-        return parse_depths(str(value))
-    if isinstance(value, (list, tuple)):
-        return parse_depths(",".join(str(v) for v in value))
-    raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
+        value = str(value)
+    elif isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
+    depths = parse_depths(value)
+    if ceiling:
+        from looplm.limits import check_loops
+
+        check_loops(where, depths, offer_flag=False)
+    return depths

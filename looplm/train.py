@@ -65,10 +65,11 @@ from looplm.distributed import (
 )
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
+from looplm.limits import check_output_folder
 from looplm.model import model_from_config
 from looplm.model.block import Block
 from looplm.progress import progress_enabled
-from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
+from looplm.run_folder import check_resume_config, progress_line, training_lock, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
 
 
@@ -105,9 +106,7 @@ def make_optimizer(
     model: torch.nn.Module, cfg: RunConfig, device: torch.device, fused: bool | None = None
 ):
     """AdamW; ≥2-D weights decay, norms/scalar gains do not; frozen parameters are left out.
-
-    ``fused`` (default: on GPU) selects the fused CUDA kernel.
-    """
+    ``fused`` (default: on GPU) selects the fused CUDA kernel."""
     tc = cfg.train
     no_decay = model.no_decay_parameters()
     if hasattr(model, "recurrence"):
@@ -529,12 +528,14 @@ def fit(
     (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
     validation then, and ``fit(cfg, resume=True)`` continues exactly.
     """
+    check_output_folder("out_dir=", cfg.out_dir)
     cfg = with_absolute_paths(cfg)
-    ts = setup(cfg, resume=resume)
-    try:
-        return _fit(ts, cfg, progress, quiet, list(callbacks))
-    finally:
-        cleanup(ts.dist)
+    with training_lock(cfg.out_dir):  # one training per run folder
+        ts = setup(cfg, resume=resume)
+        try:
+            return _fit(ts, cfg, progress, quiet, list(callbacks))
+        finally:
+            cleanup(ts.dist)
 
 
 def _stop_reason(

@@ -529,7 +529,12 @@ def test_report_draws_the_ratio_by_scale_tier(tmp_path, monkeypatch) -> None:
                      {"name": "d192", "overrides": ["model.d_model=48", "model.d_ff=96"]}],
         "evaluate": {"diagnostics": diag},
         "paper": {"id": "figure5", "reported": [
-            {"method": "scse", "scale": "50m", "metric": "R", "step": 3, "value": 0.0}]},
+            {"method": "scse", "scale": "50m", "metric": "R", "step": 3, "value": 0.0}],
+            "claims": [
+                {"text": "SCSE's R_t is zero", "test": "construction", "method": "scse",
+                 "metric": "R", "steps": [0, 3], "scale": "50m", "equals": 0},
+                {"text": "the looped model's R_t is zero", "test": "construction",
+                 "method": "looped", "metric": "R", "steps": [3], "equals": 0}]},
     }))  # fmt: skip
     run_experiment(child, progress=False, report=False)
     drawn: dict[str, list] = {}
@@ -549,4 +554,7 @@ def test_report_draws_the_ratio_by_scale_tier(tmp_path, monkeypatch) -> None:
     assert all(v > 0 for v in groups[("50m: d192", "looped")]["R_last"])
     assert [r["label"] for r in drawn["bars"]] == [
         "22m looped s0", "22m scse s0", "50m: d192 looped s0", "50m: d192 scse s0"]  # fmt: skip
-    assert "| scse 50m t=3 | R | 0 | 0 ± 0 | 2 |" in text
+    assert "| scse 50m t=3 | R | 0 | 0 ± 0 s.d. | 2 | bytes d48 " in text
+    # verdicts computed from the same rows: SCSE's zero is by construction, looped's R_t is not 0
+    assert "| SCSE's R_t is zero | **holds by construction** |" in text
+    assert "| the looped model's R_t is zero | **not reproduced** |" in text

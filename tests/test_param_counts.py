@@ -51,7 +51,8 @@ def test_parameter_count_matches_the_closed_form(name, preset):
     want = expected(name, preset)
     assert abs(got["total"] - want) <= 1e-3 * want  # 0.1%, the specification's tolerance …
     assert got["total"] == want  # … and in fact exactly (a new method needs its closed form)
-    assert got["trainable"] == got["total"]
+    frozen = PRESETS[preset]["d_model"] if name == "hrm_text" else 0  # z₀, never trained
+    assert got["trainable"] == got["total"] - frozen
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,8 @@ def _unused_at_depth(name: str, model: torch.nn.Module, loops: int) -> set[str]:
         }
     if name == "norm_reset" and loops < model.recurrence.cfg.period:
         return {"recurrence.reset_gain"}
+    if name == "ouro":  # the exit gate is read by halting, not by the loss
+        return {"recurrence.exit_gate.weight", "recurrence.exit_gate.bias"}
     return set()
 
 

@@ -57,8 +57,10 @@ def format_table(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from looplm.adaptive.depth import evaluate_adaptive_checkpoint, store_adaptive
     from looplm.io import atomic_write_json
+    from looplm.limits import check_output_file
 
     settings, inputs = from_args(AdaptiveSettings, args), from_args(AdaptiveInputs, args)
+    check_output_file("--out", inputs.out)  # before the evaluation, not after it
     result = evaluate_adaptive_checkpoint(
         args.checkpoint,
         settings,

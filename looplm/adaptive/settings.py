@@ -23,7 +23,7 @@ class AdaptiveSettings:
     """Adaptive depth under a loop ceiling: which rules, their settings, calibration, timing."""
 
     # the loop ceiling (the rows' depth)
-    ceiling: int = setting(DEFAULT_CEILING, lo=1, cap=MAX_CEILING, what="the loop ceiling C")
+    ceiling: int = setting(DEFAULT_CEILING, lo=1, loops=True, what="the loop ceiling C")
     rules: list[str] = setting(list(RULES), choices=RULES)  # stopping rules: maxtoken, kl, router
     # maxtoken: mean depths the threshold is calibrated to
     budgets: list[float] = setting(list(DEFAULT_BUDGETS), lo=1, cap=MAX_CEILING)
@@ -37,7 +37,7 @@ class AdaptiveSettings:
     # cap on calibration tokens; null: the whole split
     calib_max_tokens: int | None = setting(None, lo=1)
     # uniform fixed depths timed for comparison
-    timing_depths: list[int] = setting([], lo=1, cap=MAX_CEILING)
+    timing_depths: list[int] = setting([], lo=1, loops=True)
     # wall clock = the minimum over this many passes
     timing_repeats: int = setting(1, lo=1, cap=1000)
     time_dense: bool = False  # per-token rules: also time the path without work skipping

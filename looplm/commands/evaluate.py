@@ -35,8 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from looplm.evaluate.checkpoint import evaluate_one, store_rows
     from looplm.io import atomic_write_json
+    from looplm.limits import check_output_file
 
-    settings = from_args(EvalSettings, args)
+    settings = from_args(EvalSettings, args)  # depths under the loop ceiling (--max-loops)
+    check_output_file("--out", settings.out)  # before the evaluation, not after it
     result, cfg, tag = evaluate_one(args.checkpoint, settings)
     # The results are printed and written before the store is touched: a store that cannot be
     # written (full disk, read-only) loses nothing that was computed.

@@ -46,8 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from looplm.checkpoint import load_checkpoint
     from looplm.data import get_tokenizer
     from looplm.generation import generate_file, generate_text
+    from looplm.limits import check_output_file
 
-    settings = from_args(GenerateSettings, args)
+    settings = from_args(GenerateSettings, args)  # --loops under the loop ceiling (--max-loops)
+    check_output_file("--out", settings.out)  # before any decoding
     model, cfg, _ = load_checkpoint(args.checkpoint)
     tok = get_tokenizer(cfg.model.tokenizer)
     if args.prompts is not None:

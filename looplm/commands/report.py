@@ -11,7 +11,7 @@ from pathlib import Path
 
 from looplm.errors import LoopLMError
 from looplm.options import add_options, from_args
-from looplm.results.settings import ReportSettings
+from looplm.results.settings import DEFAULT_REFERENCE, ReportSettings
 
 SETTINGS = (ReportSettings,)
 
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = from_args(ReportSettings, args, seeds=_parse_seeds(args.seeds))
     out = Path(args.out) if args.out else Path(args.store).resolve().parent / "report"
-    result = write_report(args.store, out, settings)
+    # a reference in neither the store nor the default is a typo, refused before any work
+    result = write_report(args.store, out, settings, known_methods=[DEFAULT_REFERENCE])
     if not args.quiet:
         tables = key_tables(Path(result.report_md).read_text(encoding="utf-8"))
         if tables:

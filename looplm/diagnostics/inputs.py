@@ -50,6 +50,14 @@ def load_batches(
     if cache_dir:
         data.cache_dir = cache_dir
     info = {"dataset": data.dataset, "split": data.eval_split}
+    if seq_len is not None and (data.dataset in TASKS or seq_len < 1):
+        why = (
+            f"it applies to text checkpoints only ({data.dataset} is a synthetic task whose "
+            "examples set their own length); drop it"
+            if data.dataset in TASKS
+            else "the window length must be >= 1"
+        )
+        raise LoopLMError(f"--seq-len {seq_len}: {why}")
     if data.dataset in TASKS:
         from looplm.data.sources import TaskSource
 

@@ -11,7 +11,6 @@ from looplm.device import DEVICES
 from looplm.settings import setting
 
 DTYPES = ("float64", "float32")  # working precisions of the diagnostics
-MAX_LOOPS = 4096  # soft cap on the unroll depth: every diagnostic costs about T unrolls
 EPS_FD = 1e-3  # finite-difference step of the random-direction gain (the paper's ε)
 N_DIRECTIONS = 4  # random probe directions of the gain
 DOSE_GAINS = (0.5, 1.0, 2.0)  # injection gains of the anchor-start dose-response
@@ -38,7 +37,7 @@ class DiagnoseSettings:
     """The mechanistic diagnostics of a looped model (paper defaults where the paper gives one)."""
 
     # unroll depth T (Table 3 uses 48)
-    loops: int = setting(48, lo=1, cap=MAX_LOOPS, what="the loop depth T")
+    loops: int = setting(48, lo=1, loops=True, what="the loop depth T")
     batches: int = setting(2, lo=1, cap=10_000)  # measured batches
     batch_size: int = setting(4, lo=1, hi=65_536)  # sequences (full context windows) per batch
     # working precision (float64 keeps the ε = 1e-3 finite differences exact enough)

@@ -48,11 +48,34 @@ _TRAIN_NON_SEMANTIC = (
 _DATA_SEMANTIC = ("dataset", "train_split", "train_difficulty", "task_args")
 
 
+# Model keys added after results were stored: left out of the hash at their defaults, so the runs
+# stored before them keep their model_hash (the block and readout options of imported families).
+_MODEL_ADDED = {
+    "n_kv_heads": 0,
+    "norm_placement": "pre",
+    "qk_norm": False,
+    "qk_bias": False,
+    "mlp": "swiglu",
+    "rope_layout": "half",
+    "value_embed_layers": [],
+    "reference_rounding": False,
+    "tie_head": True,
+    "emb_scale": 1.0,
+    "final_norm": True,
+    "coda_norm": False,
+    "logit_scale": 1.0,
+    "logit_softcap": 0.0,
+    "attn_gate": False,
+    "norm_weight": True,
+}
+
+
 def hash_payload(cfg: RunConfig) -> dict[str, Any]:
     """What :func:`model_hash` hashes: the model config and the training protocol, no seed."""
     d = cfg.to_dict()
+    model = {k: v for k, v in d["model"].items() if k not in _MODEL_ADDED or _MODEL_ADDED[k] != v}
     return {
-        "model": d["model"],
+        "model": model,
         "data": {k: d["data"][k] for k in _DATA_SEMANTIC},
         "train": {k: v for k, v in d["train"].items() if k not in _TRAIN_NON_SEMANTIC},
     }

@@ -11,15 +11,15 @@ from looplm.errors import LoopLMError, check_positive_int
 from looplm.grid import DEFAULT_DEPTHS
 from looplm.settings import setting
 
-MAX_DEPTH = 4096  # soft cap on a loop depth: the sweep costs the deepest T per batch
-
 
 @dataclass
 class EvalSettings:
     """``looplm eval``: which depths, on which data, where the rows go."""
 
     # loop depths, comma-separated or as ranges (1-48)
-    depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, cap=MAX_DEPTH, what="a loop depth")
+    depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, loops=True, what="a loop depth")
+    # allow depths above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one
+    max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
     dataset: str | None = None  # evaluate on another dataset (held-out transfer)
     split: str | None = None  # evaluation split (default: the run's eval split)
     data_dir: str | None = None  # folder with local corpora

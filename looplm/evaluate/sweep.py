@@ -36,14 +36,21 @@ def depth_sweep(
     acc = {T: {"sum_nll": 0.0, "n_tokens": 0, "n_correct": 0} for T in depths}
     t0 = time.perf_counter()
     batches = source.eval_batches(batch_size, max_tokens, n_examples)
-    for x, y in tqdm(batches, disable=not progress, desc="eval", leave=False):
+    # counted in loop steps, not batches: a deep sweep spends minutes inside one batch
+    bar = tqdm(disable=not progress, desc="eval", unit="loop", leave=False)
+    for i, (x, y) in enumerate(batches, 1):
         x, y = x.to(device), y.to(device)
+        done = 0
         for T, h in model.iter_depths(x, depths):
+            bar.update(T - done)
+            done = T
             s = model.score(h, y)  # chunked: no (N, V) logits table for the GPT-2 vocabulary
             a = acc[T]
             a["sum_nll"] += float(s.nll)
             a["n_tokens"] += int(s.n_tokens)
             a["n_correct"] += int(s.correct)
+        bar.set_postfix(batch=i, T=done)
+    bar.close()
     wall = time.perf_counter() - t0
     out = []
     for T in depths:

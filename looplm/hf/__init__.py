@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from looplm.errors import LoopLMError
+from looplm.errors import LoopLMError, os_error_in
 from looplm.hf.settings import ExportSettings
 
 HERE = Path(__file__).resolve().parent
@@ -117,6 +117,9 @@ def export_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
             raise OSError(exc.errno, exc.strerror, str(out)) from exc  # name the export folder
+        fault = None if isinstance(exc, OSError) else os_error_in(exc, out)
+        if fault is not None:  # safetensors' writer: a full disk comes as a SafetensorError
+            raise fault from exc
         raise
     return out
 

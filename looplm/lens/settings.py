@@ -39,9 +39,9 @@ class LensSettings(LensFit):
     analyse_lens`, which also checks them against the model)."""
 
     # depth T of the fit (default: the largest training depth; an unshared model's layer count)
-    loops: int | None = setting(None, lo=1, cap=MAX_LOOPS, what="the loop depth T")
+    loops: int | None = setting(None, lo=1, cap=MAX_LOOPS, loops=True, what="the loop depth T")
     # deeper depths to fit and evaluate too ('' for none; unshared models: none)
-    extrapolate: tuple[int, ...] = setting((24, 48), lo=1, cap=MAX_LOOPS)
+    extrapolate: tuple[int, ...] = setting((24, 48), lo=1, cap=MAX_LOOPS, loops=True)
     mode: str = setting("exact", choices=ESTIMATORS)  # estimator at T
     # estimator at the extrapolated depths
     extrapolate_mode: str = setting("exact", choices=ESTIMATORS)
@@ -81,8 +81,10 @@ class LensInputs:
 class TwoHopLensSettings(LensFit):
     """The ``evaluate.lens`` section: the Jacobian lens on the two-hop knowledge task."""
 
-    loops: int = setting(8, lo=1, cap=MAX_LOOPS, what="the loop depth T")  # depth T of the fit
-    extrapolate: list[int] = setting([], lo=1, cap=MAX_LOOPS)  # deeper depths read too
+    loops: int = setting(
+        8, lo=1, cap=MAX_LOOPS, loops=True, what="the loop depth T"
+    )  # depth T of the fit
+    extrapolate: list[int] = setting([], lo=1, cap=MAX_LOOPS, loops=True)  # deeper depths read too
     n_fit: int = setting(128, lo=1, cap=100_000)  # prompts of training text the arms are fit on
     # swap band, fractions of T (0 <= lo <= hi <= 1, checked as a pair)
     band: list[float] = setting(list(REFERENCE_BAND), lo=0)
@@ -93,7 +95,9 @@ class TwoHopLensSettings(LensFit):
 
     def validate(self) -> None:
         self.extrapolate = (
-            depth_list(self.extrapolate, "lens.extrapolate") if self.extrapolate else []
+            depth_list(self.extrapolate, "lens.extrapolate", ceiling=False)
+            if self.extrapolate
+            else []
         )
         if any(T <= self.loops for T in self.extrapolate):
             raise LoopLMError(
@@ -107,7 +111,7 @@ class TwoHopLensSettings(LensFit):
             raise LoopLMError(
                 f"evaluate.lens.arms={self.arms}; allowed: {', '.join(ARMS)} (jlens required)"
             )
-        swaps = depth_list(self.swap_depths or [self.loops], "lens.swap_depths")
+        swaps = depth_list(self.swap_depths or [self.loops], "lens.swap_depths", ceiling=False)
         unknown = sorted(set(swaps) - {self.loops, *self.extrapolate})
         if unknown:
             raise LoopLMError(

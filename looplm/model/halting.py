@@ -20,7 +20,9 @@ A decision is a callable ``decide(t, h, cur, prev) -> (n,) bool`` over the n act
 of ``h`` in row-major order of the active tokens). What it compares is declared by attributes:
 ``needs_logits`` (default True) — ``cur``/``prev`` are ``log p_t``/``log p_{t−1}`` (float32,
 asked chunk by chunk of rows, so a decision that reads them must be row-wise);
-``needs_hidden`` — ``cur``/``prev`` are ``h_t``/``h_{t−1}``; neither — both are None.
+``needs_hidden`` — ``cur``/``prev`` are ``h_t``/``h_{t−1}``; ``needs_tokens`` — ``cur`` holds the
+active tokens' flat indices into the (B·L) batch (a decision with per-token memory, told of a new
+unroll by ``start(n, device)``); neither — both are None.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from looplm.errors import LoopLMError
+from looplm.model.block import PartCall, core_part
 from looplm.model.loss import chunk_rows
 from looplm.model.readout import log_probs, readout_kl, row_chunks
 from looplm.model.recurrences import LoopContext
@@ -104,6 +107,46 @@ class UpdateHalt:
 
     def __call__(self, t: int, h, cur: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         return relative_update(cur, prev) < self.threshold
+
+
+class GateHalt:
+    """Halt when the exit gate's cumulative exit probability reaches ``threshold``: after step t,
+    ``c_t = c_{t−1} + λ_t · r_{t−1}``, ``r_t = r_{t−1} · (1 − λ_t)`` (c_0 = 0, r_0 = 1), i.e.
+    ``c_t = 1 − Π_{j≤t}(1 − λ_j)`` summed in the reference's order; λ_t is the model's
+    ``recurrence.exit_probability(h_t)`` (Ouro's learned exit gate). Reads neither logits nor
+    previous states, but keeps each token's running sums (``needs_tokens``: it is told which
+    tokens the active rows are)."""
+
+    needs_logits = False
+    needs_tokens = True
+
+    def __init__(self, model: nn.Module, threshold: float) -> None:
+        gate = getattr(getattr(model, "recurrence", None), "exit_probability", None)
+        if gate is None:
+            name = getattr(getattr(model, "config", None), "recurrence", type(model).__name__)
+            raise LoopLMError(
+                f"halt=gate needs a model with a learned exit gate (ouro); got {name}"
+            )
+        if not 0.0 <= threshold <= 1.0:
+            raise LoopLMError(f"gate threshold {threshold!r} must be in [0, 1]")
+        self.gate, self.threshold = gate, float(threshold)
+        self.cdf = self.remaining = None
+
+    @property
+    def mode(self) -> str:
+        return f"gate:thr={self.threshold:g}"
+
+    def start(self, n: int, device: torch.device) -> None:
+        """A new unroll over n tokens."""
+        self.cdf = torch.zeros(n, device=device)
+        self.remaining = torch.ones(n, device=device)
+
+    def __call__(self, t: int, h, idx: torch.Tensor, _unused) -> torch.Tensor:
+        lam = self.gate(h).float()  # (n,)
+        rem = self.remaining[idx]
+        cdf = self.cdf[idx] + lam * rem
+        self.cdf[idx], self.remaining[idx] = cdf, rem * (1.0 - lam)
+        return cdf >= self.threshold
 
 
 class PreviousReadout:
@@ -199,6 +242,8 @@ class TokenHalting:
         self.active = torch.ones(B, L, dtype=torch.bool, device=dev)
         self.depth = torch.full((B, L), loops, dtype=torch.long, device=dev)
         self.n_active = self._size = B * L
+        if hasattr(self.decide, "start"):
+            self.decide.start(B * L, dev)
         table = None
         if getattr(self.decide, "needs_logits", True):
             table = PreviousReadout
@@ -226,7 +271,10 @@ class TokenHalting:
         dense = self.n_active == B * L
         # (N, d) rows of the active tokens (row-major); while all are active, a view
         h_act = h.reshape(B * L, -1) if dense else h[self.active]
-        if self._prev is None:
+        if getattr(self.decide, "needs_tokens", False):
+            idx = torch.arange(B * L, device=h.device) if dense else self.active.view(-1).nonzero()
+            halt = self.decide(t, h_act, idx.view(-1), None)
+        elif self._prev is None:
             halt = self.decide(t, h_act, None, None)
         else:
             decide = self.decide
@@ -277,6 +325,16 @@ class KeysValuesOnly:
             core.active = self.no_rows
             core(x)
         return torch.zeros_like(x)
+
+    def advance(self, x: torch.Tensor) -> torch.Tensor:
+        """x + G(x) with G = 0 here: the keys/values are written, the state is returned."""
+        self(x)
+        return x
+
+    def part(self, index: int, parts: int) -> PartCall:
+        """Part of the core's layers (:meth:`looplm.model.block.BlockCall.part`), keys and
+        values only."""
+        return PartCall(self, self.core, core_part(self.core.block, index, parts))
 
 
 # ============================================================================ per example

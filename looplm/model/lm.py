@@ -5,8 +5,13 @@
     ctx = recurrence.prepare(e)    h* and whatever the method computes once
     s_0 = recurrence.init_state(ctx)
     s_{t+1} = recurrence.step(G, s_t, ctx, t)     t = 0 … T−1, one shared core G
-    h = coda(h_T)                  ``coda_layers`` non-looped layers (none by default)
+    h = coda(exit(h_T))            the recurrence's exit map (identity by default), then
+                                   ``coda_layers`` non-looped layers (none by default)
     logits = RMSNorm(h) @ Eᵀ       tied output head                         (B, L, V)
+
+The readout options (``tie_head``, ``final_norm``, ``logit_scale``, ``logit_softcap``,
+``emb_scale``, ``coda_norm``) and the block options serve checkpoints trained elsewhere
+(:mod:`looplm.model.families`); their defaults are the lines above.
 
 The shared core G is one block, or ``core_layers`` = k blocks composed into one update
 (:class:`~looplm.model.block.Core`). Positions are learned (absolute), rotary or absent
@@ -34,7 +39,7 @@ from looplm.model.block import Block, BlockCall, Core, KVCache, positions
 from looplm.model.halting import UnrollHalting
 from looplm.model.loss import linear_cross_entropy, linear_nll_and_correct
 from looplm.model.masks import adjacency_mask
-from looplm.model.readout import score_tokens
+from looplm.model.readout import readout_nll, score_tokens
 from looplm.model.recurrences import LoopContext, Recurrence, build_recurrence
 from looplm.targets import IGNORE_INDEX
 
@@ -120,13 +125,42 @@ class LanguageModelBase(nn.Module):
             nn.Embedding(cfg.context, cfg.d_model) if cfg.positions == "learned" else None
         )
         self.emb_drop = nn.Dropout(cfg.dropout)
-        self.norm_f = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        # The final norm; without one (final_norm=false) the readout reads h itself.
+        self.norm_f = (
+            nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, elementwise_affine=cfg.norm_weight)
+            if cfg.final_norm
+            else nn.Identity()
+        )
+        self.lm_head = None if cfg.tie_head else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
-    def new_block(self) -> Block:
-        """A Transformer layer with this model's width, norms and position encoding."""
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output head's matrix (V, d): the token embedding when tied."""
+        return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+
+    def new_block(self, layer: int | None = None) -> Block:
+        """A Transformer layer with this model's width, norms and position encoding; ``layer``:
+        its index in prelude, core, coda order (for per-layer options: value embeddings)."""
         c = self.config
         rope_base = c.rope_base if c.positions == "rope" else 0.0
-        return Block(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, rope_base)
+        return Block(
+            c.d_model,
+            c.n_heads,
+            c.d_ff,
+            c.dropout,
+            c.norm_eps,
+            rope_base,
+            n_kv_heads=c.kv_heads,
+            norm_placement=c.norm_placement,
+            qk_norm=c.qk_norm,
+            qk_bias=c.qk_bias,
+            mlp=c.mlp,
+            rope_layout=c.rope_layout,
+            value_embed=c.vocab_size if layer in c.value_embed_layers else 0,
+            reference_rounding=c.reference_rounding,
+            attn_gate=c.attn_gate,
+            norm_weight=c.norm_weight,
+        )
 
     def attention_mask(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """The data-given attention mask (B, L, L) of ``model.attention=adjacency``, else None."""
@@ -154,12 +188,13 @@ class LanguageModelBase(nn.Module):
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         first_slot: int = 0,
+        tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``h ← h + G_i(h)`` through non-looped ``layers`` (prelude, coda, unshared stack)."""
-        call = BlockCall(None, cache=cache, mask=mask, first_slot=first_slot)
+        call = BlockCall(None, cache=cache, mask=mask, first_slot=first_slot, tokens=tokens)
         for layer in layers:
             call.block = layer
-            h = h + call(h)
+            h = call.advance(h)  # h + G_i(h), in the layer's own order
         return h
 
     def _init_weights(self) -> None:
@@ -212,13 +247,31 @@ class LanguageModelBase(nn.Module):
                     f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})"
                 )
         e = self.tok_emb(input_ids)
+        if self.config.emb_scale != 1.0:
+            e = e * self.config.emb_scale
         if self.pos_emb is not None:
             e = e + self.pos_emb(positions(pos_offset, L, input_ids.device))  # (L | B×L, d)
         return self.emb_drop(e)
 
+    @property
+    def plain_readout(self) -> bool:
+        """Whether the readout is ``RMSNorm(h) @ Wᵀ`` alone (no logit scale or softcap), so the
+        fused chunked loss applies."""
+        c = self.config
+        return c.logit_scale == 1.0 and not c.logit_softcap
+
     def readout(self, h: torch.Tensor) -> torch.Tensor:
-        """C(RMSNorm(h)) with the head tied to the token embedding: (…, d) → (…, V)."""
-        return F.linear(self.norm_f(h), self.tok_emb.weight)
+        """C(RMSNorm(h)) with the head tied to the token embedding: (…, d) → (…, V).
+
+        Options: an untied head (``tie_head=false``), no final norm (``final_norm=false``), logits
+        times ``logit_scale``, then ``c·tanh(logits / c)`` for ``logit_softcap`` = c > 0."""
+        c = self.config
+        logits = F.linear(self.norm_f(h), self.head_weight)
+        if c.logit_scale != 1.0:
+            logits = logits * c.logit_scale
+        if c.logit_softcap:
+            logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)
+        return logits
 
     def hidden_states(self, input_ids: torch.Tensor, loops: int, **kw) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -250,11 +303,19 @@ class LanguageModelBase(nn.Module):
             nll, correct = score_tokens(self.readout, h, targets, V, dtype=dtype)
             return Scores(nll, n, correct)
         tgt = targets[valid]  # (N,)
+        w = self.head_weight
+        if not self.plain_readout:  # scaled or capped logits: the readout itself, chunked
+            rows = h[valid]
+            if torch.is_grad_enabled() and (rows.requires_grad or w.requires_grad):
+                nll = F.cross_entropy(self.readout(rows).float(), tgt, reduction="sum")
+                return Scores(nll, n, None)
+            nll, hit = readout_nll(self.readout, rows, tgt, self.config.vocab_size)
+            return Scores(nll.sum().float(), n, hit.sum() if hits else None)
         x = self.norm_f(h[valid])  # (N, d)
-        grad = torch.is_grad_enabled() and (x.requires_grad or self.tok_emb.weight.requires_grad)
+        grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         if grad or not hits:
-            return Scores(linear_cross_entropy(x, self.tok_emb.weight, tgt), n, None)
-        nll, count = linear_nll_and_correct(x, self.tok_emb.weight, tgt)
+            return Scores(linear_cross_entropy(x, w, tgt), n, None)
+        nll, count = linear_nll_and_correct(x, w, tgt)
         return Scores(nll, n, count)
 
     def loss(
@@ -319,10 +380,12 @@ class LoopedLM(LanguageModelBase):
         super().__init__(cfg)
         # Non-looped layers are created before the core so that a 0/1/0 model registers (and
         # initialises) its modules exactly as a plain single-block model.
-        self.prelude = nn.ModuleList(self.new_block() for _ in range(cfg.prelude_layers))
-        k = cfg.core_layers
-        self.block = self.new_block() if k == 1 else Core([self.new_block() for _ in range(k)])
-        self.coda = nn.ModuleList(self.new_block() for _ in range(cfg.coda_layers))
+        p, k = cfg.prelude_layers, cfg.core_layers
+        self.prelude = nn.ModuleList(self.new_block(i) for i in range(p))
+        self.block = (
+            self.new_block(p) if k == 1 else Core([self.new_block(p + i) for i in range(k)])
+        )
+        self.coda = nn.ModuleList(self.new_block(p + k + i) for i in range(cfg.coda_layers))
         self.recurrence = build_recurrence(cfg.recurrence, cfg.d_model, cfg.recurrence_args)
         self._init_weights()
 
@@ -335,11 +398,14 @@ class LoopedLM(LanguageModelBase):
         keys/values go to slots 0 … prelude_layers − 1."""
         mask = self.attention_mask(input_ids)
         e = self.embed(input_ids, pos_offset=pos_offset)
+        tokens = input_ids if self.config.value_embed_layers else None
         if len(self.prelude):
-            e = self.run_layers(self.prelude, e, mask, cache)
+            e = self.run_layers(self.prelude, e, mask, cache, tokens=tokens)
         ctx = self.recurrence.prepare(e)
         if mask is not None:
             ctx.extra["attn_mask"] = mask
+        if tokens is not None:  # value embeddings read the token ids in every layer
+            ctx.extra["tokens"] = tokens
         return ctx
 
     def core_call(
@@ -357,6 +423,7 @@ class LoopedLM(LanguageModelBase):
             active=active,
             mask=context.extra.get("attn_mask"),
             first_slot=len(self.prelude),
+            tokens=context.extra.get("tokens"),
         )
 
     def finish(
@@ -368,11 +435,19 @@ class LoopedLM(LanguageModelBase):
         first_slot: int = 0,
     ) -> torch.Tensor:
         """The coda applied to a loop state (B, L, d): what the readout reads. Identity without
-        coda layers. ``first_slot``: the coda's first KV-cache slot."""
+        coda layers. ``first_slot``: the coda's first KV-cache slot.
+
+        Before the coda: the recurrence's ``exit`` map (identity unless the method defines one),
+        then the final norm when ``coda_norm``."""
+        h = self.recurrence.exit(h)
+        if self.config.coda_norm:
+            h = self.norm_f(h)
         if not len(self.coda):
             return h
-        mask = context.extra.get("attn_mask") if context is not None else None
-        return self.run_layers(self.coda, h, mask, cache, first_slot)
+        extra = context.extra if context is not None else {}
+        return self.run_layers(
+            self.coda, h, extra.get("attn_mask"), cache, first_slot, tokens=extra.get("tokens")
+        )
 
     def step(
         self, h: torch.Tensor, context: LoopContext, t: int, *, mask: bool = True

@@ -30,6 +30,7 @@ PAPER_KEYS = {
     "gpu_only",
     "experiment",
     "claim",
+    "claims",
     "reported",
 }
 ROW_KEYS = {
@@ -70,7 +71,8 @@ METRICS = (
     "kl_halting_loops_at_depth8_quality",
     "val_loss",
 )
-# scale tier -> training variant of the grid: (CPU analogue, full protocol)
+# scale tier -> training variant of the grid: (CPU analogue, full protocol); the names are
+# looplm.paper.metrics.TIER_NAMES (a test keeps the two equal)
 TIERS = {
     None: ("", ""),
     "22m": ("", ""),
@@ -99,6 +101,7 @@ class Entry:
     path: Path
     meta: dict[str, Any]
     reported: list[dict[str, Any]] = field(default_factory=list)
+    claims: list[dict[str, Any]] = field(default_factory=list)  # tested claims (verdicts.py)
 
     @property
     def is_experiment(self) -> bool:
@@ -135,6 +138,7 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
 def load_entry(path: str | os.PathLike) -> Entry:
     """A catalogue entry from its YAML (validated ``paper:`` section)."""
     from looplm.evaluate.kinds.base import check_keys
+    from looplm.paper.verdicts import check_claim
 
     p = Path(path)
     try:
@@ -148,7 +152,11 @@ def load_entry(path: str | os.PathLike) -> Entry:
     if not isinstance(rows, list):
         raise LoopLMError(f"{p.name}: paper.reported must be a list")
     reported = [_check_row(r, f"{p.name}: paper.reported[{i}]") for i, r in enumerate(rows)]
-    return Entry(p.stem, p, meta, reported)
+    raw_claims = meta.get("claims") or []
+    if not isinstance(raw_claims, list):
+        raise LoopLMError(f"{p.name}: paper.claims must be a list")
+    claims = [check_claim(c, f"{p.name}: paper.claims[{i}]") for i, c in enumerate(raw_claims)]
+    return Entry(p.stem, p, meta, reported, claims)
 
 
 def catalogue(config_dir: str | os.PathLike | None = None) -> list[Entry]:

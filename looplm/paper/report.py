@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from looplm.paper.entries import TIERS, Entry, _default_data_dir, catalogue
+from looplm.paper.metrics import diagnostic_value
 
 
 def _mean_std(vals: list[float]) -> tuple[float | None, float | None, int]:
@@ -153,35 +154,9 @@ def _diagnostics_metric(row: dict[str, Any], m: _Measured, method: str) -> list[
     metric, step = row["metric"], int(row.get("step", 0))
     out = []
     for extra in m.diagnostics(method, row.get("scale")).values():
-        conv, steer = extra.get("convergence") or {}, extra.get("steering") or {}
-        per_step = {"R": extra.get("R_per_step"), "gain": extra.get("gain_per_step")}
-        v = None
-        if metric in per_step:
-            seq = per_step[metric] or []
-            v = seq[step] if step < len(seq) else None
-        elif metric == "kl_loop":
-            kl = extra.get("kl_per_loop") or []
-            v = kl[step - 1] if 0 < step <= len(kl) else None
-        elif metric == "median_convergence_loop":
-            v = extra.get("median_convergence_depth")
-        elif metric == "still_updating_at_8":
-            v = conv.get("still_updating_frac_at_ref_depth")
-        elif metric in ("ray_cosine_min", "ray_cosine_max"):
-            v = (steer.get("ray_cosine") or {}).get(metric.rsplit("_", 1)[1])
-        elif metric == "dose_fraction_rms":
-            v = ((steer.get("dose") or {}).get("rms_displacement_over_push") or {}).get("mean")
-        elif metric in ("dose_fraction_min", "dose_fraction_max"):  # over inputs and the gains
-            end = metric.rsplit("_", 1)[1]
-            dose = steer.get("dose") or {}
-            ends = [
-                ((dose[k] or {}).get("displacement_over_push") or {}).get(end)
-                for k in dose
-                if k.startswith("gain_")
-            ]
-            ends = [x for x in ends if x is not None]
-            v = (min if end == "min" else max)(ends) if ends else None
+        v = diagnostic_value(metric, step, extra)
         if v is not None:
-            out.append(float(v))
+            out.append(v)
     return out
 
 
@@ -251,7 +226,7 @@ def _paper_value(row: dict[str, Any]) -> str:
     v = row["value"]
     s = format(v, "g") if isinstance(v, (int, float)) else str(v)
     if row.get("std") is not None:
-        s += f" ± {row['std']}"
+        s += f" ± {row['std']} s.d."
     elif row.get("ci") is not None:
         s += f" ± {row['ci']} (95% CI)"
     return s
@@ -280,18 +255,28 @@ def entry_report(
     if not entry.reported:
         lines.append("The paper's text gives no numbers for this entry (its table is an image).")
     else:
-        lines += [f"| row | metric | paper | measured ({where}) | seeds |", "|---|---|---|---|---|"]
+        lines += [
+            f"| row | metric | paper | measured ({where}) | seeds | measured on |",
+            "|---|---|---|---|---|---|",
+        ]
         for row in entry.reported:
             res = measure(row, m, methods)
             got = _fmt(res["mean"])
             if res["mean"] is not None and res["n"] > 1:
-                got += f" ± {_fmt(res['std'])}"
+                got += f" ± {_fmt(res['std'])} s.d."
             if res["note"]:
                 got = res["note"] if res["mean"] is None else f"{got} ({res['note']})"
+            plans = m._plans(row["method"], row.get("scale")) if row["method"] in methods else []
+            model = model_description(plans[0].cfg) if plans else "–"
             lines.append(
                 f"| {_row_label(row)} | {row['metric']} | {_paper_value(row)} | {got} | "
-                f"{res['n'] or '–'} |"
+                f"{res['n'] or '–'} | {model} |"
             )
+    if entry.claims:
+        from looplm.paper.verdicts import verdict_table
+
+        lines += ["", "Claims, with the verdict computed from the stored rows:", ""]
+        lines += verdict_table(entry.claims, m)
     lines += ["", _fixed_table(exp, m)]
     if figures_dir is not None:
         mine = {(p.model_hash, p.protocol, p.seed): p.variant for p in exp.runs}
@@ -303,24 +288,54 @@ def entry_report(
     return "\n".join(lines)
 
 
+def model_description(cfg: Any) -> str:
+    """What a measured row was measured on: tokenizer, width, parameters, training steps and
+    tokens seen (``bytes d128 345k params, 600 steps, 614k tokens``)."""
+    import torch
+
+    from looplm.model import model_from_config
+
+    with torch.device("meta"):
+        n = model_from_config(cfg.model).num_parameters()
+    t = cfg.train
+    tokens = t.steps * t.batch_size * t.grad_accum * cfg.model.context
+    return (
+        f"{cfg.model.tokenizer} d{cfg.model.d_model} {_count(n)} params, "
+        f"{t.steps} steps, {_count(tokens)} tokens"
+    )
+
+
+def _count(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
+
+
 def _fixed_table(exp: Any, m: _Measured) -> str:
-    """Measured fixed-depth PPL (mean ± std over seeds) of every method and tier of the grid."""
+    """Measured fixed-depth PPL (mean ± s.d. over seeds) of every method and tier of the grid,
+    each row naming the model it was measured on."""
     depths = list(exp.evaluate.get("depths", []))
     cells = sorted({(p.variant, p.method) for p in exp.runs})
+    cfg_of = {(p.variant, p.method): p.cfg for p in exp.runs}
     rows = []
     for variant, method in cells:
         tier = _tier_of(variant, m.full)
         vals = []
         for d in depths:
             mean, std, n = _mean_std(list(m.fixed(method, tier, d).values()))
-            vals.append("–" if mean is None else f"{mean:.1f} ± {std:.1f} ({n})")
+            vals.append("–" if mean is None else f"{mean:.2f} ± {std:.2f} ({n})")
         if any(v != "–" for v in vals):
-            rows.append(f"| {variant or '-'} | {method} | " + " | ".join(vals) + " |")
+            model = model_description(cfg_of[(variant, method)])
+            rows.append(f"| {method} | {model} | " + " | ".join(vals) + " |")
     if not rows:
         return "Fixed-depth PPL: not yet run."
-    head = "| variant | method | " + " | ".join(f"T={d}" for d in depths) + " |"
+    unit = "PPL per byte" if exp.runs and exp.runs[0].cfg.model.tokenizer == "bytes" else "PPL"
+    head = "| method | model | " + " | ".join(f"T={d}" for d in depths) + " |"
     sep = "|---|---|" + "---|" * len(depths)
-    return "\n".join(["Fixed-depth test PPL, mean ± std (seeds):", "", head, sep, *rows])
+    split = exp.evaluate.get("split", "test")
+    title = f"Fixed-depth {split} {unit}, mean ± s.d. over seeds (number of seeds):"
+    return "\n".join([title, "", head, sep, *rows])
 
 
 def paper_report(

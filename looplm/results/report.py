@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -425,10 +425,31 @@ def key_tables(markdown: str) -> str:
     return "\n".join(out).strip()
 
 
+def _check_reference(
+    reference: str, records: list, store_path: str | os.PathLike, known: Iterable[str] | None
+) -> None:
+    """A reference that names no method at all is a typo, not a table without paired deltas:
+    refuse it before any work. ``known``: every method name there is (the registered
+    recurrences; the command passes them, the results layer does not import model code); a
+    known method missing from this store (the default ``scse`` on a store of baselines) keeps
+    today's note in each table instead. Without ``known`` nothing is refused. (The command
+    passes the default reference only: the results layer does not import model code, so a
+    registered method that is in neither the store nor ``known`` is refused there too.)"""
+    in_store = sorted({r.method for r in records})
+    if known is None or reference in in_store or reference in set(known):
+        return
+    raise LoopLMError(
+        f"reference {reference!r} is not a method; allowed (the methods in {store_path}): "
+        f"{', '.join(in_store)}"
+    )
+
+
 def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,
     settings: ReportSettings | None = None,
+    *,
+    known_methods: Iterable[str] | None = None,
     **changes: Any,
 ) -> ReportResult:
     """Write ``report.md``, ``results.json`` and ``figures/*.png`` for a results file.
@@ -438,7 +459,9 @@ def write_report(
     ReportSettings`; ``changes`` replace single fields, e.g. ``seeds=[0, 1]``) say against which
     method the paired deltas are taken (Δ = reference − method), which seed set is required,
     the largest training depth (deeper T are marked extra-loop), the bootstrap and interval
-    settings and whether figures are drawn.
+    settings and whether figures are drawn. ``known_methods``: every method name there is; a
+    ``reference`` outside them and the store is refused before any work (the command passes
+    the default reference; without it nothing is refused).
 
     Raises LoopLMError for a missing/unreadable store, an empty store, or (unless
     ``allow_incomplete``) a summary whose seed set is incomplete or duplicated.
@@ -449,6 +472,7 @@ def write_report(
     records = load_records(store_path)
     if not records:
         raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
+    _check_reference(s.reference, records, store_path, known_methods)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     b = ReportContext(

@@ -8,6 +8,11 @@ projections, gains, step embeddings) and defines, in its own state coordinates:
     step(block, state, ctx, t) -> state            one loop step (calls ``block`` c_body times)
     to_hidden(state, ctx)      -> h                hidden-state coordinates (for readout, states)
     from_hidden(h, ctx)        -> state
+    exit(h)                    -> coda input           (identity by default)
+
+``block`` is the bound core: ``block(x)`` = G(x), ``advance(block, x)`` = x + G(x), and
+``block.part(i, n)`` the same for part i of n equal runs of a k-layer core's layers (a loop of
+several stacks, e.g. HRM-Text's two).
 
 Adding a method = one file with a subclass decorated by ``@register``, in this folder (found by
 a package scan) or anywhere else as a plugin (:mod:`looplm.plugins`); ``LoopedLM`` never changes.
@@ -94,9 +99,21 @@ class Recurrence(nn.Module):
     def from_hidden(self, h: torch.Tensor, ctx: LoopContext) -> torch.Tensor:
         return h
 
+    def exit(self, h: torch.Tensor) -> torch.Tensor:
+        """The map from the final hidden state to the coda's input (identity unless a method
+        defines one, e.g. a projection out of the loop)."""
+        return h
+
     def no_decay_parameters(self) -> list[nn.Parameter]:
         """Parameters exempt from weight decay (scalar gains); ≤1-D tensors are exempt anyway."""
         return []
+
+
+def advance(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x + G(x)`` through a bound core: its layers' own order when it offers one
+    (:meth:`looplm.model.block.BlockCall.advance`), else ``x + block(x)``."""
+    step = getattr(block, "advance", None)
+    return step(x) if step is not None else x + block(x)
 
 
 def register(cls: type[Recurrence]) -> type[Recurrence]:

@@ -1,0 +1,212 @@
+"""Looped checkpoints trained elsewhere, loaded natively into looplm's own model.
+
+One module per family maps that family's published ``config.json`` and tensor names onto a
+:class:`~looplm.config.ModelConfig` and a :class:`~looplm.model.lm.LoopedLM` state dict (block
+options, one recurrence file per family's loop), so the unroll, the halting module, the KV cache
+and every analysis run on it unchanged:
+
+* ``parcae`` — Parcae (``ParcaeConfig``; SandyResearch/parcae-140m … -1.3b),
+* ``huginn`` — Huginn-0125 (``RavenForCausalLM``; tomg-group-umd/huginn-0125),
+* ``ouro`` — Ouro (``OuroForCausalLM``; ByteDance/Ouro-1.4B, -2.6B),
+* ``hrm_text`` — HRM-Text (``HrmTextForCausalLM``; sapientinc/HRM-Text-1B).
+
+:func:`from_pretrained` returns the model (built on the meta device, then each tensor read into
+its own memory in the stored dtype); :func:`import_pretrained` writes it as a looplm checkpoint
+that every command reads, with the source's tokenizer files beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looplm.config import EvalConfig, ModelConfig, RunConfig, TrainConfig
+from looplm.errors import LoopLMError
+from looplm.model.families.base import Family, load_weights, open_tensors
+from looplm.model.families.hrm_text import HrmTextFamily
+from looplm.model.families.huginn import HuginnFamily
+from looplm.model.families.ouro import OuroFamily
+from looplm.model.families.parcae import ParcaeFamily
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (ParcaeFamily(), HuginnFamily(), OuroFamily(), HrmTextFamily())
+}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise LoopLMError(f"{folder}: no config.json (a published checkpoint folder has one)")
+    try:
+        cfg = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LoopLMError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise LoopLMError(f"{path}: the top level must be an object")
+    return cfg
+
+
+def family_of(cfg: dict[str, Any], where: Path | str = "config.json") -> Family:
+    """The family whose layout ``cfg`` is (one-line error for any other architecture)."""
+    for fam in FAMILIES.values():
+        if fam.detects(cfg):
+            return fam
+    arch = (cfg.get("architectures") or [cfg.get("_class_name") or cfg.get("model_type")])[0]
+    known = ", ".join(f"{f.architecture} ({f.name})" for f in FAMILIES.values())
+    raise LoopLMError(f"{where}: architecture {arch!r} is not one looplm loads; allowed: {known}")
+
+
+def resolve_source(src: str | os.PathLike) -> Path:
+    """A local folder in the published layout, or a hub id fetched through ``huggingface_hub``
+    (from its cache, else from the network; offline: one line naming the local-folder form)."""
+    path = Path(src)
+    if path.is_dir():
+        return path
+    text = str(src)
+    if path.exists() or not _HUB_ID.match(text):
+        raise LoopLMError(
+            f"{text}: not a folder with config.json and weights, nor a hub id like owner/name"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise LoopLMError(
+            f"{text}: fetching a hub id needs huggingface_hub (pip install huggingface_hub); "
+            "or pass a local folder with config.json and the weight files"
+        ) from None
+    patterns = ["*.json", "*.safetensors", "*.bin", "*.pt", "*.model", "*.txt"]
+    try:
+        return Path(snapshot_download(text, allow_patterns=patterns, local_files_only=True))
+    except Exception:  # not in the cache: the network decides
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") or not _online():
+        raise LoopLMError(
+            f"{text}: no network to fetch it from the hub; download the repository elsewhere and "
+            f"pass its local folder (config.json + weights), e.g. `looplm import ./{text.split('/')[-1]} OUT`"
+        )
+    try:
+        return Path(snapshot_download(text, allow_patterns=patterns, etag_timeout=10))
+    except Exception as exc:  # hub errors have many types; one line, no retries
+        raise LoopLMError(f"{text}: hub download failed ({type(exc).__name__}: {exc})") from None
+
+
+def _online(host: str = "huggingface.co") -> bool:
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def published_model_config(
+    src: str | os.PathLike | dict[str, Any], names: set[str] | None = None
+) -> tuple[Family, ModelConfig]:
+    """(family, validated ModelConfig) of a published config (a folder or its parsed dict)."""
+    if isinstance(src, dict):
+        cfg, where = src, "config.json"
+    else:
+        folder = Path(src)
+        cfg, where = read_config(folder), folder / "config.json"
+    fam = family_of(cfg, where)
+    fam.check_keys(cfg, Path(where))
+    mc = fam.model_config(cfg, names, where)
+    from looplm.model.recurrences.base import build_config, get_recurrence_class
+
+    build_config(get_recurrence_class(mc.recurrence), mc.recurrence_args)
+    mc.validate()
+    return fam, mc
+
+
+def build_meta(mc: ModelConfig) -> torch.nn.Module:
+    """The model of ``mc`` on the meta device (no memory; parameter counts and shapes)."""
+    from looplm.model import model_from_config
+
+    with torch.device("meta"):
+        return model_from_config(mc)
+
+
+def from_pretrained(
+    src: str | os.PathLike, *, dtype: torch.dtype | str | None = None
+) -> torch.nn.Module:
+    """The published checkpoint ``src`` (folder or hub id) as a looplm model in eval mode.
+
+    Tensors keep their stored dtype unless ``dtype`` is given. ``model.pretrained`` records the
+    family, the source and the trained loop count.
+    """
+    model, _ = _load(src, dtype)
+    return model
+
+
+def _load(src: str | os.PathLike, dtype: torch.dtype | str | None) -> tuple[torch.nn.Module, dict]:
+    folder = resolve_source(src)
+    tensors = open_tensors(folder)
+    fam, mc = published_model_config(folder, set(tensors))
+    cfg = read_config(folder)
+    model = build_meta(mc)
+    load_weights(model, fam.weights(cfg, set(tensors), mc), tensors, folder, _dtype(dtype))
+    model.eval()
+    info = {"family": fam.name, "source": str(src), "trained_loops": fam.loops(cfg)}
+    model.pretrained = info
+    return model, info
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+    if dtype not in table:
+        raise LoopLMError(f"dtype={dtype!r}; allowed: {', '.join(table)}")
+    return table[dtype]
+
+
+def run_config(mc: ModelConfig, loops: int) -> RunConfig:
+    """The run config an imported checkpoint carries: its model, its trained loop count as the
+    default depth, and depths beyond it for the depth sweep."""
+    depths = sorted({1, max(1, loops // 2), loops, 2 * loops})
+    train = TrainConfig(depth_min=loops, depth_max=loops, steps=1, warmup=0)
+    return RunConfig(model=mc, train=train, eval=EvalConfig(depths=depths)).validate()
+
+
+def import_pretrained(
+    src: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | str | None = None
+) -> Path:
+    """Write the published checkpoint ``src`` as a looplm checkpoint folder ``out`` (what every
+    command reads), with the source's tokenizer files copied beside the weights."""
+    from looplm.checkpoint import save_checkpoint
+    from looplm.io import atomic_write_bytes
+
+    model, info = _load(src, dtype)
+    cfg = run_config(model.config, info["trained_loops"])
+    out = save_checkpoint(out, model, cfg, state={"pretrained": info})
+    folder = resolve_source(src)
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            atomic_write_bytes(out / name, (folder / name).read_bytes())
+    return out
+
+
+__all__ = [
+    "FAMILIES",
+    "build_meta",
+    "family_of",
+    "from_pretrained",
+    "import_pretrained",
+    "published_model_config",
+    "run_config",
+]
