@@ -326,7 +326,7 @@ def setting(
     values; ``flags`` are further option names (today's names where the field's own differs);
     ``positional`` makes it a positional argument; ``cli=False`` keeps it off the command line;
     ``what`` names the quantity in range errors ("the loop depth T"); ``loops`` marks a loop
-    depth, checked against the loop ceiling (:func:`looplm.limits.check_loops`: 256, raised by a
+    depth, checked against the loop ceiling (:func:`looplm.limits.check_ceiling`: 256, raised by a
     field of the same settings marked ``raises_ceiling`` — ``--max-loops`` — or
     ``LOOPLM_MAX_LOOPS``; lifted by ``--allow-large`` like a cap).
     The field's comment is its help, as everywhere else."""
@@ -367,10 +367,10 @@ def check_field(
         return
     _check_range(meta, value, key, large)
     if meta.get("loops") and not (allow_large() if large is None else large):
-        from looplm.limits import check_loops
+        from looplm.limits import check_ceiling
 
         depths = [v for v in _items(value) if isinstance(v, int) and not isinstance(v, bool)]
-        check_loops(key, depths, max_loops, offer_flag and key.startswith("--"))
+        check_ceiling(key, depths, max_loops, offer_flag and key.startswith("--"))
 
 
 def _check_range(meta: Any, value: Any, key: str, large: bool | None) -> None:
@@ -462,7 +462,7 @@ def parse_depths(text: str, what: str = "--depths") -> list[int]:
 
 def depth_list(value: Any, where: str, *, ceiling: bool = True) -> list[int]:
     """Depths from a config value: a list, an integer or a string like ``1-48,96``; each at most
-    the loop ceiling (:func:`looplm.limits.check_loops`; a grid has no ``--max-loops``, so the
+    the loop ceiling (:func:`looplm.limits.check_ceiling`; a grid has no ``--max-loops``, so the
     error names ``LOOPLM_MAX_LOOPS``) unless ``ceiling`` is False (a field that checks it)."""
     if isinstance(value, bool):
         value = None
@@ -474,7 +474,7 @@ def depth_list(value: Any, where: str, *, ceiling: bool = True) -> list[int]:
         raise LoopLMError(f"{where}={value!r}: give a list of depths or a string like 1-48")
     depths = parse_depths(value)
     if ceiling:
-        from looplm.limits import check_loops
+        from looplm.limits import check_ceiling
 
-        check_loops(where, depths, offer_flag=False)
+        check_ceiling(where, depths, offer_flag=False)
     return depths
