@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from looplm.device import DEVICES
 from looplm.errors import LoopLMError, check_positive_int
 from looplm.grid import DEFAULT_DEPTHS
-from looplm.settings import setting
+from looplm.settings import parse_depths, setting
 
 MAX_DEPTH = 4096  # soft cap on a loop depth: the sweep costs the deepest T per batch
 
@@ -19,7 +19,7 @@ class EvalSettings:
     """``looplm eval``: which depths, on which data, where the rows go."""
 
     # loop depths, comma-separated or as ranges (1-48)
-    depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, cap=MAX_DEPTH, what="a loop depth")
+    depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, cap=MAX_DEPTH, parse=parse_depths)
     dataset: str | None = None  # evaluate on another dataset (held-out transfer)
     split: str | None = None  # evaluation split (default: the run's eval split)
     data_dir: str | None = None  # folder with local corpora
