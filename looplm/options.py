@@ -153,8 +153,13 @@ def from_args(cls: type, args: argparse.Namespace, **fixed: Any) -> Any:
         if f.name in fixed or not hasattr(args, f.name):
             continue
         value = getattr(args, f.name)
+        read = (f.metadata or {}).get("parse")
         if isinstance(value, str):
-            value = parse_text(value, _base(hints[f.name])[0], flag(f.name))
+            value = (
+                read(value, flag(f.name))
+                if read
+                else parse_text(value, _base(hints[f.name])[0], flag(f.name))
+            )
         values[f.name] = value
     values.update(fixed)
     return build_settings(

@@ -316,6 +316,7 @@ def setting(
     what: str = "",
     loops: bool = False,
     raises_ceiling: bool = False,
+    parse: Callable[[str, str], Any] | None = None,
 ) -> Any:
     """A settings field with what the command line and the checks need to know about it.
 
@@ -325,14 +326,15 @@ def setting(
     ``LOOPLM_ALLOW_LARGE=1``) says the large value is meant. ``choices`` lists the allowed
     values; ``flags`` are further option names (today's names where the field's own differs);
     ``positional`` makes it a positional argument; ``cli=False`` keeps it off the command line;
-    ``what`` names the quantity in range errors ("the loop depth T"); ``loops`` marks a loop
-    depth, checked against the loop ceiling (:func:`looplm.limits.check_ceiling`: 256, raised by a
-    field of the same settings marked ``raises_ceiling`` — ``--max-loops`` — or
-    ``LOOPLM_MAX_LOOPS``; lifted by ``--allow-large`` like a cap).
-    The field's comment is its help, as everywhere else."""
+    ``what`` names the quantity in range errors ("the loop depth T"); ``parse(text, option)``
+    reads the option's text where the type alone does not say how (loop depths: ``1-48,96``);
+    ``loops`` marks a loop depth, checked against the loop ceiling
+    (:func:`looplm.limits.check_ceiling`: 256, raised by a field of the same settings marked
+    ``raises_ceiling`` — ``--max-loops`` — or ``LOOPLM_MAX_LOOPS``; lifted by ``--allow-large``
+    like a cap). The field's comment is its help, as everywhere else."""
     meta = {"lo": lo, "hi": hi, "cap": cap, "choices": choices, "flags": flags,
             "positional": positional, "cli": cli, "what": what, "loops": loops,
-            "raises_ceiling": raises_ceiling}  # fmt: skip
+            "raises_ceiling": raises_ceiling, "parse": parse}  # fmt: skip
     if isinstance(default, (list, dict, set)):
         value = copy.deepcopy(default)
         return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)
@@ -387,8 +389,12 @@ def _check_range(meta: Any, value: Any, key: str, large: bool | None) -> None:
             hi_s = "" if hi is None else f"{hi:g}"
             span = f"{lo_s}..{hi_s}" if lo_s and hi_s else (f">= {lo_s}" if lo_s else f"<= {hi_s}")
             words = f"in {span}" if ".." in span else span
-            what = f": {meta['what']}" if meta.get("what") else ""
-            raise LoopLMError(f"{key}{sep}{v:g}{what} must be {words}")
+            if isinstance(v, int) and hi is None and lo in (0, 1):  # the usual words for counts
+                words = "a positive integer" if lo == 1 else "an integer >= 0"
+            what = f" ({meta['what']} must be {span})" if meta.get("what") else ""
+            if not what and words == "a positive integer":
+                what = " (>= 1)"  # the range, named as every range error names it
+            raise LoopLMError(f"{key}{sep}{v:g} must be {words}{what}")
         if cap is not None and v > cap and not (allow_large() if large is None else large):
             raise LoopLMError(
                 f"{key}{sep}{v:g} is above the usual cap {cap:g} (it costs time in proportion); "

@@ -107,7 +107,7 @@ def test_the_example_analysis_is_a_plugin_with_kind_section_and_command(tmp_path
     out = subprocess.run([*run, "stepsize", ckpt, "--loops", "3", "--batches", "1"], cwd=REPO,
                          env=env, capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0 and out.stdout.count("t=") == 3, out.stderr[-2000:]
-    for bad, msg in ((["--loops", "0"], "--loops 0: the loop depth T must be >= 1"),
+    for bad, msg in ((["--loops", "0"], "--loops 0 must be a positive integer (the loop depth T must be >= 1)"),
                      (["--loops", "100000"], "above the usual cap 512")):  # fmt: skip
         out = subprocess.run([*run, "stepsize", ckpt, *bad], cwd=REPO, env=env,
                              capture_output=True, text=True)  # fmt: skip

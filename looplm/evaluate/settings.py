@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from looplm.device import DEVICES
 from looplm.errors import LoopLMError, check_positive_int
 from looplm.grid import DEFAULT_DEPTHS
-from looplm.settings import setting
+from looplm.settings import parse_depths, setting
 
 
 @dataclass
@@ -17,7 +17,7 @@ class EvalSettings:
     """``looplm eval``: which depths, on which data, where the rows go."""
 
     # loop depths, comma-separated or as ranges (1-48)
-    depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, loops=True, what="a loop depth")
+    depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, loops=True, parse=parse_depths)
     # allow depths above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one
     max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
     dataset: str | None = None  # evaluate on another dataset (held-out transfer)
