@@ -57,7 +57,7 @@ class ModelConfig:
     recurrence: str = "scse"  # the method: a registered recurrence, or unshared
     recurrence_args: dict[str, Any] = field(default_factory=dict)  # the method's own settings
     vocab_size: int = GPT2_VOCAB  # vocabulary size (GPT-2: 50257, bytes: 257)
-    tokenizer: str = "gpt2"  # gpt2 | bytes
+    tokenizer: str = "gpt2"  # gpt2 | bytes | path of a tokenizer.json (imported checkpoints)
     d_model: int = 384  # width
     n_heads: int = 6  # attention heads (must divide d_model)
     d_ff: int = 1536  # SwiGLU hidden width
@@ -119,8 +119,11 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise LoopLMError(f"model.dropout={self.dropout} must be in [0, 1)")
-        if self.tokenizer not in ("gpt2", "bytes"):
-            raise LoopLMError(f"model.tokenizer={self.tokenizer!r}; allowed: gpt2, bytes")
+        tok = self.tokenizer
+        if tok not in ("gpt2", "bytes") and not (tok.endswith(".json") and Path(tok).is_file()):
+            raise LoopLMError(
+                f"model.tokenizer={tok!r}; allowed: gpt2, bytes, or the path of a tokenizer.json"
+            )
         for key, allowed in (("positions", POSITIONS), ("attention", ATTENTIONS)):
             if getattr(self, key) not in allowed:
                 raise LoopLMError(

@@ -30,7 +30,7 @@ TASK_TITLES = {
 }
 HARDER = (4, 5)  # evaluation difficulty beyond the training range 1–3
 TEST_DEPTH = 8  # depth at which "above chance" is tested (fixed in advance, not the best depth)
-# (steps, eval examples): default ≤ 5 min for three methods on 2 cores, quick ≤ 90 s.
+# (steps, eval examples); measured times: benchmarks/RESULTS.md, "Documented run times".
 BUDGETS = {"default": (500, 1024), "quick": (150, 256)}
 
 
@@ -125,7 +125,8 @@ def _train_and_sweep(
             ],
         )
         print(f"[demo] training {method}: {steps} steps, T ~ U{{1..8}}", flush=True)
-        raise_if_stopped(fit(cfg, progress=progress, quiet=True))
+        # a bar on a terminal, else a line every train.log_every steps
+        raise_if_stopped(fit(cfg, progress=progress))
         from looplm.checkpoint import load_checkpoint
 
         model, cfg, _ = load_checkpoint(out / method / "ckpt")

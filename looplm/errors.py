@@ -49,9 +49,39 @@ def describe_os_error(exc: OSError) -> str:
     """One line for a storage fault (full disk, read-only media, no permission, …): the path
     involved and what the fault means, without a traceback."""
     where = exc.filename if exc.filename is not None else None
+    if where is not None and exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        blocker = _file_in_the_way(str(where))
+        if blocker is not None:  # not a bare "File exists" / "Not a directory"
+            return f"{blocker} is a file; it must be a folder (remove it or choose another path)"
+    if exc.errno == errno.EIO and where and disk_nearly_full(str(where)):  # how some writers say it
+        return f"{where}: disk full ({_FAULTS[errno.ENOSPC]})"
     what = _FAULTS.get(exc.errno or -1) or (exc.strerror or str(exc) or type(exc).__name__)
     msg = " ".join(str(what).split())
     return f"{where}: {msg}" if where else msg
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The deepest existing part of ``path`` when it is a file where a folder was needed."""
+    p = os.path.abspath(path)
+    while p and not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+    return p if os.path.exists(p) and not os.path.isdir(p) else None
+
+
+def disk_nearly_full(path: str, below: int = 1 << 20) -> bool:
+    """Whether the file system holding ``path`` has less than ``below`` bytes free."""
+    import shutil
+
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    try:
+        return shutil.disk_usage(p).free < below
+    except OSError:
+        return False
 
 
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")

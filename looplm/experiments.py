@@ -136,10 +136,19 @@ class Experiment:
 def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
-        cand = Path(__file__).resolve().parent.parent / "configs" / "experiments" / f"{path}.yaml"
-        if not cand.is_file():
-            raise LoopLMError(f"experiment config {str(path)!r} not found")
-        p = cand
+        # a name (wt2_tiny), or a path inside the checkout's configs/ written from its root
+        # (configs/experiments/wt2_tiny.yaml, configs/paper/table19.yaml) run from any folder
+        root = Path(__file__).resolve().parent.parent
+        cands = [root / "configs" / "experiments" / f"{path}.yaml"]
+        if not p.is_absolute() and p.parts[:1] == ("configs",):
+            cands.insert(0, root / p)
+        p = next((c for c in cands if c.is_file()), None)
+        if p is None:
+            known = sorted(q.stem for q in (root / "configs" / "experiments").glob("*.yaml"))
+            raise LoopLMError(
+                f"experiment config {str(path)!r} not found (a YAML path, or one of: "
+                f"{', '.join(known) or 'none'})"
+            )
     raw = _load_with_parents(p)[0]
     raw.pop("paper", None)
     extra = raw.pop("full", None)

@@ -65,7 +65,7 @@ from torch import nn
 
 from looplm.errors import LoopLMError
 from looplm.model.block import KVCache
-from looplm.model.halting import KLHalt, TokenHalting, UpdateHalt
+from looplm.model.halting import GateHalt, KLHalt, TokenHalting, UpdateHalt
 
 __all__ = [
     "HALT_RULES",
@@ -81,12 +81,13 @@ __all__ = [
     "next_logits",
 ]
 
-HALT_RULES = ("none", "kl", "maxtoken")
+HALT_RULES = ("none", "kl", "maxtoken", "gate")
 
 
 @dataclass(frozen=True)
 class Halting:
-    """Per-token halting during decoding: ``rule`` (none | kl | maxtoken) and its ``threshold``."""
+    """Per-token halting during decoding: ``rule`` (none | kl | maxtoken | gate: a learned exit
+    gate's cumulative probability, Ouro) and its ``threshold``."""
 
     rule: str = "none"
     threshold: float = 0.0
@@ -348,7 +349,10 @@ def adaptive_next_logits(
     core = model.core_call(ctx, cache=cache)  # one binding: the slots follow the block calls
     tokens = None
     if halting.enabled:
-        decide = KLHalt(halting.threshold) if kl else UpdateHalt(halting.threshold)
+        if halting.rule == "gate":
+            decide = GateHalt(model, halting.threshold)
+        else:
+            decide = KLHalt(halting.threshold) if kl else UpdateHalt(halting.threshold)
         tokens = TokenHalting(decide)
     for last in model.unroll(ctx, loops, core=core, halting=tokens):  # noqa: B007
         pass

@@ -18,7 +18,7 @@ from looplm.errors import LoopLMError
 from looplm.settings import setting
 
 PROMPT_KEYS = ("prompt", "max_new", "temperature", "top_k", "seed")
-HALTS = ("none", "kl", "maxtoken")  # per-token halting rules of decoding
+HALTS = ("none", "kl", "maxtoken", "gate")  # per-token halting rules of decoding
 
 
 @dataclass
@@ -34,7 +34,8 @@ class GenerateSettings:
     top_k: int | None = setting(None, lo=1)  # sample among the k most likely (default: all)
     seed: int = setting(0, lo=0)  # seed of the sampler
     cache: bool = True  # keep a KV cache per loop step (--no-cache: recompute the prefix)
-    # per-token halting: kl = KL(p_t||p_t-1) < X, maxtoken = relative hidden update < X
+    # per-token halting: kl = KL(p_t||p_t-1) < X, maxtoken = relative hidden update < X, gate = a
+    # learned exit gate's cumulative exit probability >= X (Ouro)
     halt: str = setting("none", choices=HALTS)
     threshold: float | None = setting(None, lo=0)  # halting threshold X (0: never)
     # with --halt: the prompt's tokens halt by the same rule (instead of all running T)

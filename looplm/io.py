@@ -15,10 +15,34 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
+def _umask() -> int:
+    """The process's file-mode creation mask (read without changing it where Linux allows)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: the classic read-by-setting, restored at once
+    os.umask(mask)
+    return mask
+
+
+def _final_mode(path: Path) -> int:
+    """The mode a plain ``open(path, "w")`` would leave: the existing file's, or 0666 & ~umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file to write ``path`` through: a temp file beside it, synced and renamed into
-    place when the block ends normally, removed when it raises (creating parent folders)."""
+    place when the block ends normally, removed when it raises (creating parent folders). The
+    file gets the mode an ordinary write would give it (0644 under umask 022; an existing file
+    keeps its own), not the temp file's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -26,6 +50,7 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     except OSError as exc:  # a read-only or full folder: name the file that was to be written
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
     try:
+        os.fchmod(fd, _final_mode(path))
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

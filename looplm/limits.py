@@ -12,8 +12,10 @@ computed, so an hour of evaluation is never lost to a path that could not have b
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from looplm.errors import LoopLMError
 
@@ -110,3 +112,34 @@ def _check_parents(flag: str, p: Path) -> None:
 def _named(flag: str, value: object) -> str:
     """``--out X`` or ``out_dir=X``: how the user wrote the setting."""
     return f"{flag}{value}" if flag.endswith("=") else f"{flag} {value}".rstrip()
+
+
+MAX_STEPS_ENV = "LOOPLM_MAX_STEPS"
+
+
+def max_steps_cap() -> int | None:
+    """The step cap ``LOOPLM_MAX_STEPS=N`` sets, or None when unset: each :func:`fit` call then
+    runs at most N optimizer steps (``train.steps`` becomes ``min(train.steps, start + N)``, and
+    ``config.yaml`` records the capped value). It exists so the documentation's commands run as
+    written in seconds (the docs test sets it); the one place looplm reads it."""
+    raw = os.environ.get(MAX_STEPS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise LoopLMError(f"{MAX_STEPS_ENV}={raw!r} must be a positive whole number of steps")
+    return int(raw)
+
+
+def cap_steps(ts: Any, cfg: Any, quiet: bool = False) -> None:
+    """Apply :func:`max_steps_cap` to a set-up training ``ts`` (its ``step`` and ``cfg``) and
+    the run config ``cfg``: at most N more optimizer steps, said on stderr unless ``quiet``."""
+    cap = max_steps_cap()
+    if cap is None or cfg.train.steps <= ts.step + cap:
+        return
+    if not quiet:
+        print(
+            f"{MAX_STEPS_ENV}={cap}: training stops at step {ts.step + cap} "
+            f"(train.steps={cfg.train.steps})",
+            file=sys.stderr,
+        )
+    cfg.train.steps = ts.cfg.train.steps = ts.step + cap

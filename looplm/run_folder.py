@@ -38,10 +38,7 @@ def check_resume_config(saved: RunConfig, cfg: RunConfig, ckpt: Path | str, step
 def check_out_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> None:
     """Refuse to start a fresh run over a folder that holds a checkpoint unless asked: ``resume``
     continues it, ``overwrite`` replaces it."""
-    from looplm.limits import check_output_folder
-
-    check_output_folder("out_dir=", cfg.out_dir)
-    ckpt = Path(cfg.out_dir) / "ckpt"
+    ckpt = Path(training_folder(cfg).out_dir) / "ckpt"
     if resume or overwrite or not checkpoint_exists(ckpt):
         return
     step = read_meta(ckpt)["state"].get("step", "?")
@@ -55,6 +52,15 @@ def check_out_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False)
 TRAIN_LOCK = ".train.lock"
 
 
+def training_folder(cfg: RunConfig) -> RunConfig:
+    """``cfg`` once its ``out_dir`` is usable: not empty (that would write into the current
+    folder), not a file and not under one."""
+    from looplm.limits import check_output_folder
+
+    check_output_folder("out_dir=", cfg.out_dir)
+    return cfg
+
+
 @contextlib.contextmanager
 def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
     """Hold ``<out_dir>/.train.lock`` for a whole training, so a second ``looplm train`` into the
@@ -65,7 +71,7 @@ def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
     rank 0 holds it for every rank of the job (the other ranks take no lock)."""
     from looplm.io import file_lock
 
-    if os.environ.get("RANK", "0") != "0":
+    if os.environ.get("RANK", "0") != "0":  # rank 0 holds it for every rank of a torchrun job
         yield
         return
     path = Path(out_dir) / TRAIN_LOCK

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from looplm import run_folder
 from looplm.accounting import model_flops
 from looplm.checkpoint import (
     checkpoint_exists,
@@ -65,11 +66,11 @@ from looplm.distributed import (
 )
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
-from looplm.limits import check_output_folder
+from looplm.limits import cap_steps
 from looplm.model import model_from_config
 from looplm.model.block import Block
 from looplm.progress import progress_enabled
-from looplm.run_folder import check_resume_config, progress_line, training_lock, with_absolute_paths
+from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
 
 
@@ -526,12 +527,11 @@ def fit(
     ``callbacks`` entry (``callback(ts, metrics)``, called after every step) returns True, fit
     writes a checkpoint and returns the last step's metrics with ``stopped`` set to ``"signal"``
     (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
-    validation then, and ``fit(cfg, resume=True)`` continues exactly.
-    """
-    check_output_folder("out_dir=", cfg.out_dir)
-    cfg = with_absolute_paths(cfg)
-    with training_lock(cfg.out_dir):  # one training per run folder
+    validation then, and ``fit(cfg, resume=True)`` continues exactly (``LOOPLM_MAX_STEPS``)."""
+    cfg = with_absolute_paths(run_folder.training_folder(cfg))
+    with run_folder.training_lock(cfg.out_dir):
         ts = setup(cfg, resume=resume)
+        cap_steps(ts, cfg, quiet=quiet or not ts.dist.is_main)
         try:
             return _fit(ts, cfg, progress, quiet, list(callbacks))
         finally:

@@ -29,7 +29,8 @@ def require_data(*parts: str) -> Path:
     path = data_dir().joinpath(*parts)
     if not path.exists():
         pytest.skip(
-            f"real data not found at {path} (set LOOPLM_DATA_DIR to the shared data folder)"
+            f"real data not found at {path}: README.md 'Real data' says how to get the corpora "
+            "(then set LOOPLM_DATA_DIR to their folder)"
         )
     return path
 
@@ -80,3 +81,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="slow test: pass --run-slow"))
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's reporter)
+    """The executable-docs test's count of skipped blocks per reason, when it ran."""
+    import sys
+
+    mod = sys.modules.get("test_docs_exec")
+    for line in mod.skip_summary() if mod else []:
+        terminalreporter.write_line(line)

@@ -260,6 +260,8 @@ def test_online_path_with_a_stand_in_datasets_module(monkeypatch):
         return iter({"text": r} for r in rows)
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    # a stand-in network too: the hub counts as reachable
+    monkeypatch.setattr("looplm.data.corpora.hub_offline_reason", lambda timeout=3.0: None)
     docs = list(load_documents("wikitext-2-raw", "valid"))
     assert docs == [" = A = \n \n a1 \n \n", " = B = \n \n b1 \n"]
     assert calls[-1] == ("Salesforce/wikitext", "wikitext-2-raw-v1", "validation", False)

@@ -101,7 +101,9 @@ def test_report_tables_json_and_figures(tmp_path):
     assert first["mean_depth"]["mean"] == pytest.approx(8.1)
     assert first["ppl"]["mean"] == pytest.approx(97.5 + 2.0 + 0.1, abs=1e-9)  # looped row
 
-    assert len(res.figures) == 2
+    # PPL depth response, accuracy depth response (the rows carry task accuracy), adaptive
+    assert len(res.figures) == 3
+    assert fixed["accuracy_figure"]["path"].startswith("figures/accuracy_response")
     for fig in res.figures:
         assert fig.read_bytes()[:8] == PNG_MAGIC and fig.stat().st_size > 10_000
         assert f"]({fig.relative_to(res.out_dir)})" in md

@@ -237,11 +237,17 @@ class AdaptiveSection(ReportSection):
         )
         self.report.figures.append(path)
         entry["figure"] = {"path": f"figures/{slug}.png", "ppl_shift": shift}
+        ref = (
+            "with the uniform-depth curve (dashed)"
+            if uniform
+            else "without a uniform-depth curve (no fixed-depth rows of these models in this "
+            "context: the `fixed` evaluation draws it)"
+        )
         self.report.md += [
             f"![adaptive depth, {tab.title}](figures/{slug}.png)",
             "",
-            "*PPL vs achieved average depth per adaptive rule (solid), with "
-            "the uniform-depth curve (dashed); faint bars: ±1 std over seeds.*",
+            f"*PPL vs achieved average depth per adaptive rule (solid), {ref}; faint bars: ±1 "
+            "std over seeds.*",
             "",
         ]
 

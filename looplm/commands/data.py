@@ -79,6 +79,9 @@ def _prepare(args: argparse.Namespace) -> int:
     if args.source and args.data_dir:
         raise LoopLMError("give either --source or --data-dir, not both")
     out = Path(args.out).expanduser() if args.out else default_cache_dir()
+    from looplm.limits import check_output_folder
+
+    check_output_folder("--out", out)  # before tokenizing
     if args.split:
         splits = list(dict.fromkeys(canonical_split(s) for s in args.split))
     elif args.data_dir:  # the splits whose files the data folder has

@@ -16,7 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "depth_response.png.",
     )
     p.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
-    p.add_argument("--quick", action="store_true", help="short schedule (≤ 90 s on 2 cores)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="short schedule: 150 training steps per method instead of 500",
+    )
     p.add_argument(
         "--methods",
         default="scse,looped,tuned_adapter",

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--redo",
         default="",
         help="comma-separated evaluation kinds to recompute even if stored (rows are replaced): "
-        "fixed, adaptive, transfer, lambada",
+        "fixed, adaptive, transfer, lambada, frontier, propagation, lens, scaling, diagnostics",
     )
     p.set_defaults(func=run)
 

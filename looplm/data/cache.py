@@ -19,11 +19,13 @@ cache_dir)``; batching the tokens into windows lives in :mod:`looplm.data.source
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -134,6 +136,9 @@ def cache_stem(name: str, split: str, tokenizer_name: str) -> str:
         raw = str(Path(name.removeprefix("text:")).expanduser().resolve())
         base = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(raw).name)[:40] or "text"
         name = f"text-{base}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
+    if "/" in tokenizer_name or "\\" in tokenizer_name:  # a tokenizer.json path: a short hash
+        raw = str(Path(tokenizer_name).expanduser().resolve())
+        tokenizer_name = f"tok-{hashlib.sha1(raw.encode()).hexdigest()[:10]}"
     return f"{name}.{split}.{tokenizer_name}"
 
 
@@ -262,6 +267,32 @@ def _batches(docs: Iterable[str]) -> Iterator[list[str]]:
         yield batch
 
 
+_LINE_EVERY_S = 10.0  # a progress line this often where no bar is drawn (a log file, a pipe)
+
+
+class _ProgressLines:
+    """Tokenizing progress as a line every :data:`_LINE_EVERY_S` seconds on stderr where no bar
+    is drawn (output to a log file or a pipe), unless ``LOOPLM_NO_PROGRESS=1``."""
+
+    def __init__(self, label: str, expected: int | None, no_bar: bool) -> None:
+        self.label, self.expected = label, expected
+        self.on = no_bar and os.environ.get("LOOPLM_NO_PROGRESS") != "1"
+        self.t0 = self.last = time.perf_counter()
+
+    def tick(self, n_docs: int, n_tokens: int) -> None:
+        now = time.perf_counter()
+        if not self.on or now - self.last < _LINE_EVERY_S:
+            return
+        self.last = now
+        of = f"/{self.expected:,}" if self.expected else ""
+        print(
+            f"tokenizing {self.label}: {n_docs:,}{of} documents, {n_tokens:,} tokens, "
+            f"{now - self.t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _write_tokens(
     resolved: ResolvedSplit, tok, dtype: np.dtype, bin_path: Path, label: str
 ) -> tuple[int, int, str]:
@@ -294,7 +325,9 @@ def _write_tokens(
         n_docs += len(encoded)
         bar.update(len(encoded))
         bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
+        lines.tick(n_docs, n_tokens)
 
+    lines = _ProgressLines(label, resolved.expected_documents, _progress_disabled())
     with (
         atomic_open(bin_path) as f,
         tqdm(
@@ -344,6 +377,25 @@ def prepare(
     expected = _expected_meta(resolved, tok, tokenizer_name, dtype)
     files = resolved.files if resolved.source["kind"] == "local" else None
 
+    remove_stale_temporaries(cache_dir)
+    with _writer_lock(cache_dir, stem):  # one writer per cache; a second one waits, then reuses
+        return _prepare_locked(
+            resolved, tok, dtype, bin_path, meta_path, expected, files, force, verify
+        )
+
+
+def _prepare_locked(
+    resolved: ResolvedSplit,
+    tok,
+    dtype: np.dtype,
+    bin_path: Path,
+    meta_path: Path,
+    expected: dict[str, Any],
+    files: list[Path] | None,
+    force: bool,
+    verify: bool,
+) -> TokenCache:
+    """:func:`prepare`'s reuse-or-build, with the cache's writer lock held."""
     if not force:
         meta, why = check_cache(bin_path, meta_path, expected, files, verify=verify)
         if why is None:
@@ -375,6 +427,72 @@ def prepare(
     }
     atomic_write_json(meta_path, meta)
     return TokenCache(bin_path, meta_path, meta, reused=False)
+
+
+def _lock_path(cache_dir: Path, stem: str) -> Path:
+    return cache_dir / f".{stem}.lock"
+
+
+@contextlib.contextmanager
+def _writer_lock(cache_dir: Path, stem: str) -> Iterator[None]:
+    """Hold the cache's writer lock (the sweep cells' :func:`looplm.io.file_lock`, released by
+    the operating system however the holder exits): a second process preparing the same cache
+    waits for the first and then reuses what it wrote, and a temporary file whose cache lock is
+    free belongs to a writer that is gone."""
+    from looplm.io import file_lock
+
+    path = _lock_path(cache_dir, stem)
+    with contextlib.ExitStack() as stack:
+        try:
+            held = stack.enter_context(file_lock(path, wait=False))
+        except OSError:  # a read-only cache folder: reading needs no lock, writing fails anyway
+            held = True
+        if held:
+            yield
+            return
+    log.warning("token cache %s: another process is preparing it; waiting", cache_dir / stem)
+    with file_lock(path):
+        yield
+
+
+def _temp_owner(name: str) -> str | None:
+    """The cache stem a temporary file of :func:`looplm.io.atomic_open` was writing
+    (``.<stem>.bin.<random>.tmp`` → ``<stem>``), or None for another file."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    target = name[1:-4].rsplit(".", 1)[0]  # drop the random part
+    for suffix in (".bin", ".json"):
+        if target.endswith(suffix):
+            return target[: -len(suffix)]
+    return None
+
+
+def remove_stale_temporaries(cache_dir: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files that writers killed mid-write (kill -9, power loss) left in
+    ``cache_dir``: those whose cache's writer lock is free (a live writer holds it). Returns the
+    files removed (each named in a one-line notice)."""
+    from looplm.io import file_lock
+
+    folder = Path(cache_dir).expanduser()
+    if not folder.is_dir():
+        return []
+    removed = []
+    for tmp in sorted(folder.glob(".*.tmp")):
+        stem = _temp_owner(tmp.name)
+        if stem is None:
+            continue
+        try:
+            with file_lock(_lock_path(folder, stem), wait=False) as free:
+                if free and tmp.exists():
+                    size = tmp.stat().st_size
+                    tmp.unlink()
+                    removed.append(tmp)
+                    log.warning(
+                        "token cache: removed %s (%d bytes) left by a killed writer", tmp, size
+                    )
+        except OSError:  # a read-only cache folder: leave it as it is
+            continue
+    return removed
 
 
 def list_caches(cache_dir: str | os.PathLike, verify: bool = False) -> list[dict[str, Any]]:

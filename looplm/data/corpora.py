@@ -366,6 +366,50 @@ def _resolve_text(raw_path: str, split: str) -> ResolvedSplit:
     )  # fmt: skip
 
 
+HUB_HOST = "huggingface.co"
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+# What a data folder holds for each corpus (the layout ``data.data_dir`` / $LOOPLM_DATA_DIR name).
+DATA_LAYOUT = {
+    "wikitext-2": "wikitext-2/wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens",
+    "wikitext-2-raw": "wikitext-2/wiki.train.raw, wiki.valid.raw, wiki.test.raw",
+    "wikitext-103": "wikitext-103/wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens",
+    "wikitext-103-raw": "wikitext-103/wiki.train.raw, wiki.valid.raw, wiki.test.raw",
+    "openwebtext": "owt-sample/*.txt or *.jsonl (documents: blank-line blocks or JSON lines)",
+    "c4": "c4-sample/*.json.gz (C4's JSON lines)",
+    "lambada": "lambada/lambada_test.jsonl",
+}
+_reachable: dict[str, str | None] = {}
+
+
+def hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be used now (an offline variable is set, or one TCP
+    connection to it fails within ``timeout`` seconds), or None; checked once per process, so an
+    offline machine fails at once instead of after the datasets library's retries."""
+    for var in _OFFLINE_VARS:
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var}={os.environ[var]} is set"
+    if HUB_HOST not in _reachable:
+        import socket
+
+        try:
+            socket.create_connection((HUB_HOST, 443), timeout=timeout).close()
+            _reachable[HUB_HOST] = None
+        except OSError as exc:
+            _reachable[HUB_HOST] = f"{HUB_HOST} is unreachable ({exc.strerror or exc})"
+    return _reachable[HUB_HOST]
+
+
+def offline_data_message(name: str, reason: str) -> str:
+    """The one-line error for corpus ``name`` with no local copy and no network: what to place
+    where, and the settings that name the folder."""
+    return (
+        f"no local copy of {name} and no network ({reason}): place it in a data folder as "
+        f"DIR/{DATA_LAYOUT[name]} and name DIR with LOOPLM_DATA_DIR=DIR or data.data_dir=DIR "
+        f"(or --data-dir DIR), or run `looplm data prepare {name}` where the network is "
+        "reachable (README, 'Real data')"
+    )
+
+
 def _import_datasets():
     try:
         import datasets  # optional extra, imported lazily
@@ -382,9 +426,12 @@ def _resolve_hf(name: str, split: str, counts: SplitCounts | None) -> ResolvedSp
         raise LoopLMError(
             f"no local source for {name!r} and the optional package 'datasets' is not installed: "
             f"pass a local copy (--source PATH, or --data-dir / data.data_dir / $LOOPLM_DATA_DIR "
-            f"naming a folder laid out like the shared data), or run `pip install 'looplm[data]'` "
+            f"naming a folder DIR with DIR/{DATA_LAYOUT[name]}), or run `pip install 'looplm[data]'` "
             f"on a machine with network access (it reads {dataset_id}{'/' + config if config else ''})"
         )
+    offline = hub_offline_reason()
+    if offline is not None:
+        raise LoopLMError(offline_data_message(name, offline))
     source = {"kind": "hf", "dataset": dataset_id, "config": config}
 
     def load(hf_split: str, streaming: bool):

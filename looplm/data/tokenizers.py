@@ -215,8 +215,65 @@ def resolve_gpt2_path(path: str | os.PathLike | None = None) -> Path:
     return pkg
 
 
+class FileTokenizer:
+    """A checkpoint's own ``tokenizer.json`` (Hugging Face ``tokenizers``), e.g. the one an
+    imported Parcae, Huginn or Ouro checkpoint carries. ``name`` is the file's path; the
+    end-of-text id is the file's first end-of-sequence token found (``eos_token`` of a
+    ``tokenizer_config.json`` beside it, else ``<|endoftext|>``, ``</s>``, ``<|end_of_text|>``)."""
+
+    EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|im_end|>", "<eos>")
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self.backend = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises plain Exception for unreadable files
+            raise LoopLMError(
+                f"could not load the tokenizer {str(path)!r}: {_one_line(exc)}"
+            ) from None
+        self.name = self.source = str(path)
+        self.vocab_size = self.backend.get_vocab_size()
+        names = list(self.EOS_NAMES)
+        config = path.parent / "tokenizer_config.json"
+        if config.is_file():
+            import json
+
+            eos = json.loads(config.read_text()).get("eos_token")
+            eos = eos.get("content") if isinstance(eos, dict) else eos
+            if isinstance(eos, str):
+                names.insert(0, eos)
+        ids = [self.backend.token_to_id(n) for n in names]
+        self.eot_id = next((i for i in ids if i is not None), self.vocab_size - 1)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"FileTokenizer({self.name!r})"
+
+
+def is_tokenizer_file(name: str) -> bool:
+    """Whether ``name`` is a path to a ``tokenizer.json`` (a checkpoint's own tokenizer)."""
+    return name.endswith(".json") and Path(name).expanduser().is_file()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_file(path: str) -> FileTokenizer:
+    return FileTokenizer(Path(path))
+
+
 def get_tokenizer(name: str, path: str | os.PathLike | None = None) -> Tokenizer:
-    """The tokenizer called ``name`` (``"gpt2"`` or ``"bytes"``); loaded once per source."""
+    """The tokenizer called ``name`` (``"gpt2"`` or ``"bytes"``, or the path of a
+    ``tokenizer.json``); loaded once per source."""
+    if name not in TOKENIZER_NAMES and is_tokenizer_file(name):
+        return _load_file(str(Path(name).expanduser().resolve()))
     check_choice("tokenizer", name, TOKENIZER_NAMES)
     if name == "bytes":
         if path is not None:
@@ -235,6 +292,10 @@ def token_byte_lengths(tok: Tokenizer) -> list[int]:
     if isinstance(tok, ByteTokenizer):
         return [1] * 256 + [0]
     backend = tok.backend
+    if isinstance(tok, FileTokenizer):  # bytes of each token's decoded text
+        lengths = [len(backend.decode([i]).encode("utf-8")) for i in range(tok.vocab_size)]
+        lengths[tok.eot_id] = 0
+        return lengths
     lengths = [len(backend.id_to_token(i) or "") for i in range(tok.vocab_size)]
     lengths[tok.eot_id] = 0
     return lengths

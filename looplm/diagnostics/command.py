@@ -36,9 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from looplm.diagnostics.checkpoints import diagnose_checkpoints, table_lines
     from looplm.diagnostics.inputs import set_threads
+    from looplm.limits import check_output_folder
 
     settings, data = from_args(DiagnoseSettings, args), from_args(DataSettings, args)
     io = from_args(DiagnoseOutput, args)
+    check_output_folder("--out", io.out)  # before the diagnostics, not after them
     set_threads(io.threads)
     done = diagnose_checkpoints(
         args.checkpoints, settings, data, io.out, store=io.store, device=io.device, plots=io.plots

@@ -60,7 +60,13 @@ def plot_rt_bars(results: Sequence[dict], path: str | os.PathLike) -> None:
     ]
     top = max([v for v in last + first if np.isfinite(v)] + [1.0])
     for xi, v in zip(x, last):
-        ax.text(xi, (v if np.isfinite(v) else 0) + 0.02 * top, f"{v:.2f}", ha="center", va="bottom")
+        # an exact zero is a finding (the forcing bias vanishes at the anchor), not a missing bar
+        text = "0 exactly\n(b_t ≡ 0)" if v == 0 else f"{v:.2f}"
+        ax.text(xi, (v if np.isfinite(v) else 0) + 0.02 * top, text, ha="center", va="bottom")
+    if any(v == 0 for v in last):
+        ax.text(0.5, 0.55, "R_t = 0 exactly: the forcing bias b_t(e) = T_t(0; e) is zero\n"
+                "(no bar to draw; SCSE's zero-deviation mask makes it so)",
+                transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.3")  # fmt: skip
     ax.set_ylim(0, top * 1.25)
     ax.set_xticks(x, labels, rotation=15 if len(results) > 3 else 0)
     steps = sorted({r["summary"]["last_step"] for r in results})
@@ -301,11 +307,12 @@ def plot_convergence(results: Sequence[dict], path: str | os.PathLike) -> None:
     )
     T = results[0]["loops"] if results else 0
     tau = results[0]["convergence"]["threshold"] if results else 0
-    ax.set_ylabel("mean convergence depth (first loop with KL < τ)")
-    ax.set_title(f"(c) convergence depth by token type, τ = {tau:g}")
+    ax.set_ylabel("mean convergence depth\n(first loop with KL < τ)")
+    ax.set_title(f"(c) convergence depth by token type (τ = {tau:g})", fontsize=11)
     ax.set_xlabel(f"token type  (tokens never below τ count as T + 1 = {T + 1})", fontsize=8)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(fontsize=8, ncol=min(3, max(len(results), 1)), loc="upper center")
+    fig.subplots_adjust(wspace=0.38)  # room for each panel's y-label beside its neighbour
     _save(fig, path)
 
 
@@ -320,6 +327,16 @@ def plot_anchor_steps(results: Sequence[dict], path: str | os.PathLike) -> None:
     ]
     for ax, (key, title, ylab, log) in zip(axes.flat, panels):
         series = [[_val(v) for v in r["per_step"][key]] for r in results]
+        flat = log and bool(series) and all(np.all(np.array(s) == 0) for s in series)
+        if flat:
+            # nothing to draw on a log axis: show the zeros on a linear one and say why
+            log = False
+            no_bias = all(np.all(np.array(r["per_step"]["ratio"]) == 0) for r in results)
+            why = "exactly 0 at every step" + (
+                ": the forcing bias b_t is 0,\nso subtracting it changes nothing" if no_bias else ""
+            )
+            ax.text(0.5, 0.6, why, transform=ax.transAxes, ha="center", va="center", fontsize=9,
+                    color="0.3")  # fmt: skip
         for i, (r, s) in enumerate(zip(results, series)):
             s = np.array(s)
             label = r["label"]

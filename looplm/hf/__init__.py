@@ -244,7 +244,7 @@ def _card(cfg, loops: int, checkpoint, standalone: bool = False) -> str:
         "```python\n"
         "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
         'model = AutoModelForCausalLM.from_pretrained("<this folder>", trust_remote_code=True)\n'
-        'tok = AutoTokenizer.from_pretrained("<this folder>")\n'
+        'tok = AutoTokenizer.from_pretrained("<this folder>", trust_remote_code=True)\n'
         'ids = tok("The meaning of", return_tensors="pt").input_ids\n'
         "logits = model(ids, loops=12).logits\n"
         "out = model.generate(ids, max_new_tokens=20, loops=12)\n"

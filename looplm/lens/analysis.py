@@ -214,7 +214,6 @@ def analyse_lens(
         from looplm.lens.plots import render_lens_figures
 
         result["figures"] = [str(p) for p in render_lens_figures(result, out)]
-    _say(f"wrote {out / 'lens.json'} ({timings['total']:.0f} s)", say)
     return result
 
 

@@ -39,8 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.lens.analysis import lens_checkpoint, summary_lines
+    from looplm.limits import check_output_folder
 
     settings = from_args(LensSettings, args)
     inputs, data = from_args(LensInputs, args), from_args(DataSettings, args)
+    check_output_folder("--out", inputs.out)  # before the fit, not after it
     print("\n".join(summary_lines(lens_checkpoint(args.checkpoint, settings, inputs, data))))
     return 0

@@ -195,6 +195,36 @@ def plot_depth_response(
     return shift
 
 
+def plot_accuracy_response(
+    series: Sequence[Series],
+    path: str | os.PathLike,
+    *,
+    train_depth_max: int = 8,
+    title: str = "",
+) -> None:
+    """Task accuracy (%) vs loop depth T on a base-2 log axis, mean ± std over seeds, the
+    extra-loop region T > ``train_depth_max`` shaded: the synthetic tasks' depth response."""
+    fig, ax = _new_figure((8.2, 4.4))
+    xs = sorted({x for s in series for x in s.x})
+    lo_x, hi_x = xs[0] / 1.18, xs[-1] * 1.18
+    if hi_x > train_depth_max:
+        ax.axvspan(train_depth_max, hi_x, color="0.85", alpha=0.6, lw=0,
+                   label=f"T > {train_depth_max} (extra-loop)", zorder=0)  # fmt: skip
+    for s in series:
+        std = [sd if math.isfinite(sd) else 0.0 for sd in s.std]
+        ax.errorbar(s.x, s.mean, yerr=std, color=s.color, marker="o", ms=4, lw=1.6, capsize=3,
+                    label=s.label, zorder=3)  # fmt: skip
+    log2_depth_axis(ax, xs, lo_x, hi_x)
+    ax.set_ylim(0, 105)
+    ax.set_xlabel("evaluation loop depth T (log2 axis)")
+    ax.set_ylabel("task accuracy (%)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", color="0.9", lw=0.6, zorder=1)
+    fig.legend(fontsize=8, frameon=False, loc="outside right upper")
+    save_png(fig, path)
+
+
 # long: one figure's panels, axes and annotations
 def plot_adaptive(
     uniform: Sequence[Series],

@@ -39,7 +39,12 @@ from typing import Any
 
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
-from looplm.results.figures import Series, plot_depth_response, plot_scaling
+from looplm.results.figures import (
+    Series,
+    plot_accuracy_response,
+    plot_depth_response,
+    plot_scaling,
+)
 from looplm.results.scaling import bootstrap_records, fit_records, scaling_points
 from looplm.results.sections import (
     ReportContext,
@@ -163,6 +168,8 @@ class DepthSection(ReportSection):
             lines, adec = self._table(rows, labels, depths, acc, scale=100.0, lower_is_better=False)
             self.report.md += lines
             self.report.md += ["", "**Bold**: highest mean per column.", ""]
+            if self.report.make_figures and len(depths) >= 2:
+                self._accuracy_figure(ctx, rows, labels, depths, acc, entry)
             acc_recs = [r for r in recs if has_accuracy(r)]
             entry["accuracy_deltas"] = self._delta_block(
                 acc_recs,
@@ -210,6 +217,41 @@ class DepthSection(ReportSection):
             "",
             f"*Depth response: PPL axis log(PPL − {shift:g}), ticks in PPL; "
             f"stars mark per-method minima; shaded: T > {self.report.train_depth_max}.*",
+            "",
+        ]
+
+    def _accuracy_figure(
+        self,
+        ctx: dict[str, str],
+        rows: list[tuple[str, str]],
+        labels: dict[tuple[str, str], str],
+        depths: list[int],
+        acc: dict[tuple[tuple[str, str], int], Summary],
+        entry: dict[str, Any],
+    ) -> None:
+        """A synthetic task's depth response in accuracy (its PPL figure alone hides it)."""
+        series = []
+        for k in rows:
+            ds = [d for d in depths if (k, d) in acc and math.isfinite(acc[(k, d)].mean)]
+            if ds:
+                means = [100.0 * acc[(k, d)].mean for d in ds]
+                stds = [100.0 * acc[(k, d)].std for d in ds]
+                series.append(Series(labels[k], ds, means, stds, self.report.colors[k[0]]))
+        if not series:
+            return
+        slug = self.report.unique_slug("accuracy_response", ctx.values())
+        path = self.report.out_dir / "figures" / f"{slug}.png"
+        plot_accuracy_response(
+            series, path, train_depth_max=self.report.train_depth_max,
+            title=context_title(ctx, code=False),
+        )  # fmt: skip
+        self.report.figures.append(path)
+        entry["accuracy_figure"] = {"path": f"figures/{slug}.png"}
+        self.report.md += [
+            f"![accuracy vs loop depth, {context_title(ctx)}](figures/{slug}.png)",
+            "",
+            f"*Depth response in task accuracy (mean ± std over seeds); shaded: "
+            f"T > {self.report.train_depth_max}.*",
             "",
         ]
 

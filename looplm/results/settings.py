@@ -17,8 +17,8 @@ DEFAULT_TRAIN_DEPTH_MAX = 8  # a store alone does not say how deep its runs were
 class ReportSettings:
     """How a report aggregates a results store."""
 
-    # required seed set: ids like 0,1,2, or default (0,1,2), expanded (0-4), auto (expanded
-    # where complete, else default), all
+    # required seed set (default: auto): ids like 0,1,2, or a named set: auto (0-4 where
+    # complete, else 0,1,2), default (0,1,2), expanded (0-4), all
     seeds: list[int] | str = setting("auto", lo=0)
     # deepest training depth; deeper T are marked extra-loop (default: the runs' train.depth_max
     # in a grid, else 8)

@@ -241,6 +241,18 @@ def _is_locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg)
 
 
+def _is_disk_full(exc: sqlite3.Error, path: Path) -> bool:
+    """SQLite's SQLITE_FULL, or an I/O error on a file system with (almost) no space left: a
+    full disk during a WAL or journal write is reported as a bare "disk I/O error"."""
+    from looplm.errors import disk_nearly_full
+
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name == "SQLITE_FULL" or "disk is full" in str(exc):
+        return True
+    io = name.startswith("SQLITE_IOERR") or "disk I/O error" in str(exc)
+    return io and disk_nearly_full(str(path))
+
+
 class ResultsStore:
     """SQLite results store keyed by evaluation identity (see the module docstring for the schema).
 
@@ -333,6 +345,12 @@ class ResultsStore:
                         conn.execute("ROLLBACK")
                     except sqlite3.Error:
                         pass
+                if _is_disk_full(exc, self.path):
+                    raise LoopLMError(
+                        f"results store {str(self.path)!r}: disk full (no space left on the "
+                        f"device; SQLite: {exc}): nothing of this write was stored; free some "
+                        "space or write the store elsewhere"
+                    ) from exc
                 if not _is_locked(exc):
                     raise LoopLMError(f"results store {str(self.path)!r}: {exc}") from exc
                 if time.monotonic() > deadline:

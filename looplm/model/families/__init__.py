@@ -17,6 +17,7 @@ that every command reads, with the source's tokenizer files beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -160,6 +161,8 @@ def _load(src: str | os.PathLike, dtype: torch.dtype | str | None) -> tuple[torc
     model = build_meta(mc)
     load_weights(model, fam.weights(cfg, set(tensors), mc), tensors, folder, _dtype(dtype))
     model.eval()
+    if (folder / "tokenizer.json").is_file():  # the checkpoint's own tokenizer
+        model.config.tokenizer = str((folder / "tokenizer.json").resolve())
     info = {"family": fam.name, "source": str(src), "trained_loops": fam.loops(cfg)}
     model.pretrained = info
     return model, info
@@ -192,9 +195,12 @@ def import_pretrained(
     from looplm.io import atomic_write_bytes
 
     model, info = _load(src, dtype)
-    cfg = run_config(model.config, info["trained_loops"])
-    out = save_checkpoint(out, model, cfg, state={"pretrained": info})
     folder = resolve_source(src)
+    mc = dataclasses.replace(model.config, tokenizer="gpt2")
+    cfg = run_config(mc, info["trained_loops"])
+    if (folder / "tokenizer.json").is_file():  # the copy written below, by its absolute path
+        cfg.model.tokenizer = str((Path(out) / "tokenizer.json").resolve())
+    out = save_checkpoint(out, model, cfg, state={"pretrained": info})
     for name in TOKENIZER_FILES:
         if (folder / name).is_file():
             atomic_write_bytes(out / name, (folder / name).read_bytes())

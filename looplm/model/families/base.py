@@ -13,7 +13,8 @@ A family (one module in this folder) says three things about a published ``confi
 
 :func:`load_weights` then reads each looplm tensor straight into its own memory in the stored
 dtype (safetensors: one positioned read per published tensor, no mapping; a ``.bin`` pickle:
-``torch.load(mmap=True)``), so peak memory stays near one copy of the weights.
+``torch.load(mmap=True)``, its tensors used in place where one published tensor is one looplm
+tensor), so peak memory stays near one copy of the weights.
 """
 
 from __future__ import annotations
@@ -180,6 +181,14 @@ class TensorFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.header[name]["shape"])
 
+    def mapped(self, name: str) -> torch.Tensor | None:
+        """The memory-mapped tensor of a ``.bin`` pickle (no copy), or None for safetensors
+        (read into fresh memory instead)."""
+        if self._pickle is None:
+            return None
+        t = self._pickle[name]
+        return t if t.is_contiguous() else None
+
     def read_into(self, name: str, dst: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
         """Copy tensor ``name`` (or its rows [a, b) along the first axis) into ``dst``
         (contiguous, same number of elements), converting the dtype when ``dst``'s differs."""
@@ -298,6 +307,11 @@ def _assemble(
             )
         dtypes.add(tensors[src].dtype(src))
     stored = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    if len(w.sources) == 1 and not w.rows and dtype in (None, stored):  # mapped: used in place
+        (src,) = w.sources
+        mapped = tensors[src].mapped(src)
+        if mapped is not None:
+            return mapped.reshape(meta.shape)
     out = torch.empty(meta.shape, dtype=dtype or stored)
     sizes = {
         src: math.prod(shape) // shape[0] * (w.rows[src][1] - w.rows[src][0])
