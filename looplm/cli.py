@@ -1,6 +1,8 @@
 """`looplm <command>`: the command-line entry point.
 
-Each command lives in ``looplm/commands/<name>.py`` and exposes ``register(subparsers)``.
+Each command lives in ``looplm/commands/<name>.py`` (or an analysis package's ``command.py``) and
+exposes ``register(subparsers)``; they are found by scanning (:func:`command_modules`), in the
+order of their names.
 Bad input (:class:`looplm.errors.LoopLMError`) becomes one line on stderr and exit status 2,
 never a traceback; a storage fault (``OSError``: full disk, read-only folder, no permission)
 becomes one line naming the path and exit status 1.
@@ -16,25 +18,29 @@ import sys
 from looplm.errors import LoopLMError, describe_os_error
 from looplm.signals import Interrupted
 
-COMMAND_MODULES = [
-    "looplm.commands.train",
-    "looplm.commands.evaluate",
-    "looplm.commands.demo",
-    "looplm.commands.data",
-    "looplm.commands.methods",
-    "looplm.commands.report",
-    "looplm.commands.adaptive",
-    "looplm.commands.sweep",
-    "looplm.commands.paper",
-    "looplm.commands.diagnose",
-    "looplm.commands.lens",
-    "looplm.commands.generate",
-    "looplm.commands.export",
-    "looplm.commands.settings",
-    "looplm.commands.lmeval",
-    "looplm.commands.serve",
-    "looplm.commands.import_",
-]
+
+def command_modules() -> list[str]:
+    """Every command's module, found by scanning (no list to edit): the modules of
+    ``looplm/commands/`` and each analysis package's ``command`` module (``looplm/lens/
+    command.py``). A command module defines ``register(subparsers)``."""
+    import pkgutil
+
+    import looplm.commands
+    from looplm.plugins import analysis_modules
+
+    here = [
+        f"looplm.commands.{m.name}"
+        for m in sorted(pkgutil.iter_modules(looplm.commands.__path__), key=lambda m: m.name)
+        if not m.name.startswith("_")
+    ]
+    # one alphabetical list (an analysis package's command sorts by the package's name)
+    return sorted(
+        here + analysis_modules("command"),
+        key=lambda m: m.split(".")[-2 if m.endswith(".command") else -1],
+    )
+
+
+COMMAND_MODULES = command_modules()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +52,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for name in _plugin_commands():
+        importlib.import_module(name).register(sub)
     return parser
+
+
+def _plugin_commands() -> list[str]:
+    """Plugin modules (``$LOOPLM_PLUGINS``) that bring a command: those that define a function
+    ``register(subparsers)`` of their own.
+    A plugin analysis is then one module: its settings, kind, report section and command."""
+    from looplm.plugins import plugin_modules
+
+    out = []
+    for name in plugin_modules():
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # the registries name a broken plugin in one line when it is used
+            continue
+        register = getattr(module, "register", None)
+        # its own register(subparsers), not a registry's decorator it imported
+        if callable(register) and getattr(register, "__module__", None) == name:
+            out.append(name)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -25,14 +25,13 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from looplm.config import UNSHARED, RunConfig, config_from_dict, parse_overrides
-from looplm.device import depth_list, progress_enabled
 from looplm.errors import LoopLMError, yaml_problem
 from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys, check_settings
 from looplm.grid import (
@@ -43,7 +42,8 @@ from looplm.grid import (
     VariantSettings,
     check_report,
 )
-from looplm.settings import load_yaml, merge
+from looplm.progress import progress_enabled
+from looplm.settings import build_settings, depth_list, load_yaml, merge
 
 _TOP_KEYS = {f.name for f in dataclasses.fields(ExperimentSettings)}
 
@@ -130,7 +130,7 @@ class Experiment:
     torch_threads: int | None
     runs: list[RunPlan]
     evaluate: dict[str, Any]
-    report: dict[str, Any] = field(default_factory=dict)
+    report: ReportSettings = field(default_factory=ReportSettings)
 
 
 def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[str, Any]]:
@@ -295,7 +295,7 @@ def load_experiment(
     data_dir = data_dir or raw.get("data_dir") or os.environ.get("LOOPLM_DATA_DIR")
     runs = _run_plans(raw, p, out_root, data_dir)
     ev = _evaluate_section(raw)
-    rep = check_settings(ReportSettings, raw.get("report") or {}, "report")
+    rep = build_settings(ReportSettings, raw.get("report") or {}, "report")
     check_report(rep, runs)
     threads = raw.get("torch_threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -310,7 +310,7 @@ def load_experiment(
         torch_threads=threads,
         runs=runs,
         evaluate=ev,
-        report=dict(rep),
+        report=rep,
     )
 
 
@@ -580,16 +580,9 @@ def write_experiment_report(exp: Experiment) -> dict[str, Any]:
     from looplm.results.supplement import write_supplement
 
     rep = exp.report
-    depth_max = rep.get("train_depth_max") or max(r.cfg.train.depth_max for r in exp.runs)
-    res = write_report(
-        exp.store,
-        exp.report_dir,
-        reference=rep.get("reference", "scse"),
-        seeds=rep.get("seeds", "auto"),
-        train_depth_max=int(depth_max),
-        allow_incomplete=bool(rep.get("allow_incomplete", False)),
-        n_boot=int(rep.get("n_boot", 10_000)),
-    )
+    if rep.train_depth_max is None:  # the grid's runs say how deep they were trained
+        rep = replace(rep, train_depth_max=max(r.cfg.train.depth_max for r in exp.runs))
+    res = write_report(exp.store, exp.report_dir, rep)
     sup = write_supplement(exp.store, exp.report_dir)
     return {
         "report_md": str(res.report_md),

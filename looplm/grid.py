@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_DEPTHS = [4, 8, 12, 16, 24, 32, 48]
+from looplm.results.settings import DEFAULT_REFERENCE, ReportSettings
+
+DEFAULT_DEPTHS = [4, 8, 12, 16, 24, 32, 48]  # the fixed-depth sweep every run gets
 
 
 @dataclass
@@ -94,42 +96,14 @@ class EvaluateSettings:
     tag: str = ""  # evaluation tag, part of every row's identity
 
 
-@dataclass
-class ReportSettings:
-    """The ``report`` section: how the sweep's report aggregates."""
-
-    # required seed set: a list, default (0,1,2), expanded (0-4), auto or all
-    seeds: list[int] | str = "auto"
-    # deepest training depth; deeper T are marked extra-loop (default: the runs' train.depth_max)
-    train_depth_max: int | None = None
-    # mark summaries with missing or duplicate seeds instead of stopping
-    allow_incomplete: bool = False
-    reference: str = "scse"  # the method paired deltas are taken against
-    n_boot: int = 10_000  # paired-bootstrap resamples
-
-
-def check_report(rep: dict[str, Any], runs: list[Any]) -> None:
-    """The ``report`` section's values, checked before any training (the report comes last)."""
+def check_report(rep: ReportSettings, runs: list[Any]) -> None:
+    """The ``report`` section against the grid (checked before any training; the report comes
+    last): a reference that was set must be one of the grid's methods."""
     from looplm.errors import LoopLMError
-    from looplm.results.stats import SEED_SET_NAMES, resolve_seed_set
 
-    seeds = rep.get("seeds", "auto")
-    if isinstance(seeds, str) and seeds not in SEED_SET_NAMES:
-        raise LoopLMError(
-            f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list of seed ids"
-        )
-    if not isinstance(seeds, (str, list)):
-        raise LoopLMError(f"report.seeds={seeds!r}; allowed: {', '.join(SEED_SET_NAMES)} or a list")
-    resolve_seed_set(seeds)
-    for key in ("train_depth_max", "n_boot"):
-        v = rep.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise LoopLMError(f"report.{key}={v!r} must be a positive integer")
-    if not isinstance(rep.get("allow_incomplete", False), bool):
-        raise LoopLMError(f"report.allow_incomplete={rep['allow_incomplete']!r} must be true/false")
     methods = sorted({p.method for p in runs})
-    ref = rep.get("reference", "scse")
-    if "reference" in rep and ref not in methods:
+    if rep.reference != DEFAULT_REFERENCE and rep.reference not in methods:
         raise LoopLMError(
-            f"report.reference={ref!r} is not a method of this grid; allowed: {', '.join(methods)}"
+            f"report.reference={rep.reference!r} is not a method of this grid; allowed: "
+            f"{', '.join(methods)}"
         )

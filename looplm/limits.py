@@ -42,7 +42,9 @@ def loop_limit(override: int | None = None) -> int:
     return value
 
 
-def check_loops(
+# named apart from looplm.model.lm.check_loops (the >= 1 check): the standalone export copies
+# both into one file
+def check_ceiling(
     flag: str, depths: int | Iterable[int], override: int | None = None, offer_flag: bool = True
 ) -> None:
     """Raise LoopLMError naming the deepest of ``depths`` when it exceeds the ceiling

@@ -17,7 +17,6 @@ A plugin that does not import is a one-line :class:`LoopLMError` naming it.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import pkgutil
 from collections.abc import Iterable
@@ -73,6 +72,23 @@ def import_submodules(package: str, path: Iterable[str], skip: Iterable[str] = (
     return names
 
 
+def analysis_modules(leaf: str) -> list[str]:
+    """``looplm.<package>.<leaf>`` for every package of looplm that has a module ``<leaf>``
+    (``command``, ``kind``, ``section``): an analysis that lives in one package brings its
+    command, its evaluation kind and its report section this way (found, not listed)."""
+    import looplm
+
+    root = list(looplm.__path__)
+    names = []
+    for info in sorted(pkgutil.iter_modules(root), key=lambda m: m.name):
+        if not info.ispkg or info.name.startswith("_"):
+            continue
+        sub = [str(p) + "/" + info.name for p in root]
+        if any(m.name == leaf for m in pkgutil.iter_modules(sub)):
+            names.append(f"looplm.{info.name}.{leaf}")
+    return names
+
+
 def plugin_modules() -> list[str]:
     """Module names listed in ``$LOOPLM_PLUGINS`` (commas or whitespace between them)."""
     raw = os.environ.get(ENV_VAR, "")
@@ -96,5 +112,7 @@ def load_plugins(group: str) -> None:
     (each at most once per process)."""
     for module in plugin_modules():
         _import(module, f"from ${ENV_VAR}")
+    import importlib.metadata  # here, not at import: the command line starts without it
+
     for ep in importlib.metadata.entry_points(group=group):
         _import(ep.module, f"entry point {ep.name!r} of group {group!r}")

@@ -51,7 +51,7 @@ from looplm.checkpoint import (
 )
 from looplm.config import RunConfig, dump_config
 from looplm.data.sources import DataSource, make_source, step_seed
-from looplm.device import progress_enabled, resolve_device
+from looplm.device import resolve_device
 from looplm.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -69,6 +69,7 @@ from looplm.io import atomic_write_text
 from looplm.limits import cap_steps
 from looplm.model import model_from_config
 from looplm.model.block import Block
+from looplm.progress import progress_enabled
 from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
 
@@ -106,9 +107,7 @@ def make_optimizer(
     model: torch.nn.Module, cfg: RunConfig, device: torch.device, fused: bool | None = None
 ):
     """AdamW; ≥2-D weights decay, norms/scalar gains do not; frozen parameters are left out.
-
-    ``fused`` (default: on GPU) selects the fused CUDA kernel.
-    """
+    ``fused`` (default: on GPU) selects the fused CUDA kernel."""
     tc = cfg.train
     no_decay = model.no_decay_parameters()
     if hasattr(model, "recurrence"):

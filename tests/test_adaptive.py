@@ -21,7 +21,6 @@ from looplm.evaluate.adaptive import (
     harvest_router_data,
     maxtoken_forward,
     per_token_halting,
-    sparse_block_forward,
     stopping_depths,
     update_trace,
 )
@@ -208,7 +207,7 @@ def test_sparse_block_matches_dense_block_on_active_rows():
     active[2, -1] = True
     with torch.no_grad():
         dense = model.block(x)
-        sparse = sparse_block_forward(model.block, x, active)
+        sparse = model.block(x, active=active)
     torch.testing.assert_close(sparse[active], dense[active], rtol=1e-5, atol=1e-6)
     assert bool((sparse[~active] == 0).all())
 

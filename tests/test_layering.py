@@ -128,3 +128,99 @@ def test_one_unroll_one_halting_one_scorer_one_ignore_index():
             if rel != Path("model/halting.py") and OWN_HALTING.search(line):
                 found.append(f"{rel}:{i}: {line.strip()}")
     assert not found, found
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the looplm modules it imports (at any depth of its code, functions included);
+    ``from pkg import name`` counts as importing ``pkg.name`` when that is a module."""
+    files = {_module_name(f): f for f in sorted(ROOT.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for mod, f in files.items():
+        deps = set()
+        for name in _imports(f):
+            while name and name not in files:
+                name = name.rpartition(".")[0]
+            if name and name != mod and name.startswith("looplm."):
+                deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+def test_no_import_circles_inside_the_package():
+    """No two modules of looplm import each other, directly or through others (a package's
+    ``__init__`` that only hands names on counts like any module)."""
+    graph = _import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, circles
+
+
+COMMAND_FILES = sorted((ROOT / "commands").glob("*.py")) + sorted(ROOT.glob("*/command.py"))
+MAX_COMMAND_LINES = 800
+
+
+def test_only_the_command_line_imports_the_commands():
+    """Nothing but ``looplm.cli`` (and the commands themselves) imports ``looplm.commands``:
+    domain code never reaches into the command line for its logic."""
+    found = []
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = f.relative_to(ROOT)
+        if rel.parts[0] == "commands" or rel in (Path("cli.py"), Path("__main__.py")):
+            continue
+        found += [f"{rel}: {n}" for n in _imports(f) if n.startswith("looplm.commands")]
+    assert not found, found
+
+
+def test_commands_are_thin():
+    """The commands parse (options made from settings dataclasses), call the library and print:
+    ``looplm/commands/`` stays under 800 lines, and a command module defines no class of its
+    own and imports the library only inside the function that runs (start-up stays light)."""
+    here = sorted((ROOT / "commands").glob("*.py"))
+    total = sum(f.read_text().count("\n") for f in here)
+    assert total < MAX_COMMAND_LINES, total
+    light = ("looplm.errors", "looplm.options", "looplm.settings")
+    for f in COMMAND_FILES:
+        tree = ast.parse(f.read_text())
+        assert not [n for n in tree.body if isinstance(n, ast.ClassDef)], f
+        for node in tree.body:  # module level: settings modules and the option maker only
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("looplm"):
+                mod = node.module or ""
+                assert (
+                    mod.startswith(light)
+                    or mod.endswith(".settings")
+                    or mod in ("looplm.generation",)
+                ), (str(f.relative_to(ROOT)), mod)

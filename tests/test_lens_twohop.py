@@ -14,15 +14,15 @@ import looplm
 from looplm.data.twohop import ENTITY_CHARS, knowledge_base
 from looplm.diagnostics.lens import fit_jacobian_lens, logit_lens
 from looplm.errors import LoopLMError
-from looplm.evaluate.kinds.lens import Lens
-from looplm.evaluate.lens_twohop import (
+from looplm.evaluate.twohop import prompts, twohop_accuracy
+from looplm.experiments import run_experiment
+from looplm.lens.kind import Lens
+from looplm.lens.twohop import (
     fit_prompts,
     readout_measures,
     swap_pairs,
     swap_test,
 )
-from looplm.evaluate.twohop import prompts, twohop_accuracy
-from looplm.experiments import run_experiment
 from looplm.results.lens import _runs, findings_table, lens_findings
 from looplm.results.store import ResultsStore
 

@@ -99,8 +99,8 @@ def test_the_ceiling_is_overridden_on_purpose(ckpt, capsys, monkeypatch):
 
 
 def test_sweep_grid_depths_have_the_same_ceiling():
-    from looplm.device import depth_list
     from looplm.errors import LoopLMError
+    from looplm.settings import depth_list
 
     with pytest.raises(LoopLMError, match="1 … 256") as info:
         depth_list([4, 8, 1000], "evaluate.depths")

@@ -1,8 +1,14 @@
-"""`looplm export CHECKPOINT OUT`: write a Hugging Face ``transformers`` model folder."""
+"""`looplm export CHECKPOINT OUT`: write a Hugging Face ``transformers`` model folder (the options
+are :class:`~looplm.hf.settings.ExportSettings`)."""
 
 from __future__ import annotations
 
 import argparse
+
+from looplm.hf.settings import ExportSettings
+from looplm.options import add_options, from_args
+
+SETTINGS = (ExportSettings,)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,31 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkpoint", help="checkpoint folder (e.g. runs/x/ckpt)")
     p.add_argument("out", help="output folder")
-    p.add_argument(
-        "--loops", type=int, default=None, help="default loop depth T (default: train.depth_max)"
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a previous export in OUT (its own files only; other files stay)",
-    )
-    p.add_argument(
-        "--standalone",
-        action="store_true",
-        help="model code that loads without looplm (only torch and transformers)",
-    )
+    add_options(p, ExportSettings)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from looplm.hf import export_checkpoint
 
-    out = export_checkpoint(
-        args.checkpoint,
-        args.out,
-        loops=args.loops,
-        overwrite=args.overwrite,
-        standalone=args.standalone,
-    )
+    out = export_checkpoint(args.checkpoint, args.out, from_args(ExportSettings, args))
     print(f"exported {args.checkpoint} -> {out}")
     return 0

@@ -1,121 +1,15 @@
-"""`looplm settings [--out docs/configuration.md]`: the reference of every setting.
-
-Written from the settings dataclasses themselves (:mod:`looplm.settings`): the run config
-(:mod:`looplm.config`), every registered method's settings, the experiment grid
-(:mod:`looplm.grid`) and the section of every registered evaluation kind, each key with its
-type, default and meaning. ``docs/configuration.md`` is this command's output (a test fails when
-it is stale).
-"""
+"""`looplm settings [--out docs/configuration.md]`: the reference of every setting, written from
+the settings dataclasses (:mod:`looplm.reference`)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-
-HEADER = """# Configuration
-
-Every setting looplm reads, with its type, default and meaning. Generated from the settings
-dataclasses by `looplm settings --out docs/configuration.md`; do not edit by hand. An unknown key,
-a value of the wrong type or one outside the allowed range stops with a one-line error naming the
-key and what is allowed.
-"""
-
-RUN = """## Run configs
-
-`looplm train CONFIG key=value …` (and every `base:` of an experiment grid). Settings merge in one
-order: dataclass defaults → the model preset (`model.preset`: {presets}) → the YAML file →
-`key=value` overrides (dotted, e.g. `train.steps=200`; values are read as YAML). The resolved
-config is written to `<out_dir>/config.yaml`.
-"""
-
-METHODS = """## Method settings
-
-`model.recurrence_args.<key>=<value>` (or `args:` of a grid's method entry, or
-`looplm params --method NAME key=value`), per method; methods not listed have no settings of
-their own. `looplm methods` prints each method's equation.
-"""
-
-GRID = """## Experiment grids
-
-`looplm sweep configs/experiments/NAME.yaml`: a grid of methods × seeds × training variants ×
-evaluations ([experiments](experiments.md#the-grid-schema) shows a whole file).
-"""
-
-
-def _section(title: str, cls: type, prefix: str = "", intro: str = "") -> list[str]:
-    from looplm.settings import settings_table
-
-    out = [f"### {title}", ""]
-    if intro:
-        out += [intro, ""]
-    return out + settings_table(cls, prefix) + [""]
-
-
-def _run_config() -> list[str]:
-    from looplm.config import PRESETS, DataConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
-
-    out = [RUN.format(presets=", ".join(f"`{p}`" for p in PRESETS))]
-    out += _section("model", ModelConfig, "model.")
-    out += _section("data", DataConfig, "data.")
-    out += _section("train", TrainConfig, "train.")
-    out += _section("eval", EvalConfig, "eval.")
-    out += _section("top level", RunConfig)
-    return out
-
-
-def _methods() -> list[str]:
-    from looplm.model.recurrences import get_recurrence_class, recurrence_names
-
-    out = [METHODS]
-    for name in recurrence_names():
-        if name == "unshared":
-            continue
-        cls = get_recurrence_class(name)
-        if dataclasses.fields(cls.Config):
-            out += _section(f"`{name}`", cls.Config, "")
-    return out
-
-
-def _grid() -> list[str]:
-    from looplm.evaluate.kinds import evaluation_kinds
-    from looplm.grid import (
-        EvaluateSettings,
-        ExperimentSettings,
-        MethodSettings,
-        ReportSettings,
-        VariantSettings,
-    )
-
-    out = [GRID]
-    out += _section("top level", ExperimentSettings)
-    out += _section("methods entries", MethodSettings, "", "A plain name `m` is `{name: m}`.")
-    out += _section("variants entries", VariantSettings)
-    out += _section(
-        "evaluate", EvaluateSettings, "evaluate.", "The fixed-depth sweep every run gets."
-    )
-    for kind in evaluation_kinds():
-        if kind.section and kind.Settings is not None:
-            doc = (kind.__doc__ or "").strip().splitlines()[0]
-            intro = f"The `{kind.name}` evaluation kind: {doc[0].lower()}{doc[1:]}"
-            prefix = f"evaluate.{kind.section}."
-            if kind.section == "transfer":
-                intro += " A list of entries, each:"
-                prefix = "evaluate.transfer[]."
-            out += _section(f"evaluate.{kind.section}", kind.Settings, prefix, intro)
-    out += _section("report", ReportSettings, "report.")
-    return out
-
-
-def configuration_markdown() -> str:
-    """The whole reference, as ``docs/configuration.md`` holds it."""
-    lines = [HEADER, *_run_config(), *_methods(), *_grid()]
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "settings",
-        help="every setting (run configs, methods, experiment grids) with type, default, meaning",
+        help="every setting (run configs, methods, grids, commands) with type, default, meaning",
         description="Print the configuration reference (markdown) generated from the settings "
         "dataclasses; --out writes it to a file (docs/configuration.md).",
     )
@@ -124,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from looplm.reference import configuration_markdown
+
     text = configuration_markdown()
     if args.out:
         from looplm.io import atomic_write_text

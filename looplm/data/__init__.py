@@ -1,28 +1,40 @@
-"""Real-data layer: tokenizers, corpora, token caches and batching (plain re-exports)."""
+"""Real-data layer: tokenizers, corpora, token caches and batching (re-exported, loaded lazily)."""
 
-from looplm.data.cache import (
-    TokenCache,
-    default_cache_dir,
-    get_split_tokens,
-    list_caches,
-    prepare,
-    shared_source,
-)
-from looplm.data.corpora import (
-    CORPORA,
-    SPLITS,
-    LambadaExample,
-    SplitCounts,
-    TargetSpan,
-    available_splits,
-    canonical_split,
-    lambada_examples,
-    load_documents,
-    locate_target,
-    locate_targets,
-)
-from looplm.data.sources import eval_windows, sample_windows
-from looplm.data.tokenizers import TOKENIZER_NAMES, Tokenizer, get_tokenizer
+import importlib
+from typing import Any
+
+# Loaded on first use, so that ``looplm --help`` (which names the corpora) does not load torch.
+_LAZY = {
+    "TokenCache": "looplm.data.cache",
+    "default_cache_dir": "looplm.data.cache",
+    "get_split_tokens": "looplm.data.cache",
+    "list_caches": "looplm.data.cache",
+    "prepare": "looplm.data.cache",
+    "shared_source": "looplm.data.cache",
+    "CORPORA": "looplm.data.corpora",
+    "SPLITS": "looplm.data.corpora",
+    "LambadaExample": "looplm.data.corpora",
+    "SplitCounts": "looplm.data.corpora",
+    "TargetSpan": "looplm.data.corpora",
+    "available_splits": "looplm.data.corpora",
+    "canonical_split": "looplm.data.corpora",
+    "lambada_examples": "looplm.data.corpora",
+    "load_documents": "looplm.data.corpora",
+    "locate_target": "looplm.data.corpora",
+    "locate_targets": "looplm.data.corpora",
+    "eval_windows": "looplm.data.sources",
+    "sample_windows": "looplm.data.sources",
+    "TOKENIZER_NAMES": "looplm.data.tokenizers",
+    "Tokenizer": "looplm.data.tokenizers",
+    "get_tokenizer": "looplm.data.tokenizers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CORPORA",

@@ -113,7 +113,7 @@ def _looplm_version() -> str:
 
 
 def _progress_disabled() -> bool:
-    from looplm.device import progress_enabled
+    from looplm.progress import progress_enabled
 
     return not progress_enabled()
 

@@ -9,33 +9,51 @@
   checks of Lemma 1, Theorem 2 and Corollary 3;
 * :mod:`~looplm.diagnostics.convergence` — successive-output KL, per-token convergence depth by
   token type (the per-token convergence study);
-* :mod:`~looplm.diagnostics.lens` — the Jacobian lens of a looped model per loop step (exact and
-  Hutchinson fits, merge, files, logit lens); ``lens_readout`` (tuned lens, fidelity, token
-  ranks), ``lens_structure`` (ranks, subspace overlaps, stationarity, composition, persistence),
-  ``lens_interventions`` (steer, coordinate swap, project-out, dose-response), ``lens_run`` (the
-  whole analysis of ``looplm lens``) and ``lens_plots``;
+* the Jacobian lens is an analysis of its own: :mod:`looplm.lens`;
+* :mod:`~looplm.diagnostics.settings` — the settings of ``looplm diagnose``, its sweep kind and
+  :func:`~looplm.diagnostics.runner.diagnose_model`; :mod:`~looplm.diagnostics.checkpoints` — the
+  diagnostics of several checkpoints; :mod:`~looplm.diagnostics.kind` — the ``diagnostics`` sweep
+  kind (its rows go to the fixed-depth tables); :mod:`~looplm.diagnostics.command` —
+  ``looplm diagnose``;
 * :mod:`~looplm.diagnostics.runner` — all of them over measured batches;
   :mod:`~looplm.diagnostics.plots` — the figures.
 """
 
-from looplm.diagnostics.anchor import AnchorMap, anchor_response, energy_ratio, mean_square
-from looplm.diagnostics.convergence import (
-    TOKEN_TYPES,
-    convergence_depth,
-    depth_by_type,
-    relative_state_change,
-    successive_kl,
-    token_types,
-)
-from looplm.diagnostics.counterfactual import (
-    bias_subtraction,
-    counterfactual_check,
-    gauss_legendre01,
-    secant_apply,
-)
-from looplm.diagnostics.gain import random_direction_gain, unit_directions
-from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
-from looplm.diagnostics.steering import anchor_start_rollout, anchor_start_steering, source_gain
+import importlib
+from typing import Any
+
+# Loaded on first use: ``looplm.diagnostics.settings`` (what the command line is built from)
+# imports without torch.
+_LAZY = {
+    "AnchorMap": "looplm.diagnostics.anchor",
+    "anchor_response": "looplm.diagnostics.anchor",
+    "energy_ratio": "looplm.diagnostics.anchor",
+    "mean_square": "looplm.diagnostics.anchor",
+    "TOKEN_TYPES": "looplm.diagnostics.convergence",
+    "convergence_depth": "looplm.diagnostics.convergence",
+    "depth_by_type": "looplm.diagnostics.convergence",
+    "relative_state_change": "looplm.diagnostics.convergence",
+    "successive_kl": "looplm.diagnostics.convergence",
+    "token_types": "looplm.diagnostics.convergence",
+    "bias_subtraction": "looplm.diagnostics.counterfactual",
+    "counterfactual_check": "looplm.diagnostics.counterfactual",
+    "gauss_legendre01": "looplm.diagnostics.counterfactual",
+    "secant_apply": "looplm.diagnostics.counterfactual",
+    "random_direction_gain": "looplm.diagnostics.gain",
+    "unit_directions": "looplm.diagnostics.gain",
+    "DiagnoseOptions": "looplm.diagnostics.runner",
+    "diagnose_model": "looplm.diagnostics.runner",
+    "anchor_start_rollout": "looplm.diagnostics.steering",
+    "anchor_start_steering": "looplm.diagnostics.steering",
+    "source_gain": "looplm.diagnostics.steering",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "TOKEN_TYPES",

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from looplm.diagnostics.gain import EPS_FD, N_DIRECTIONS, random_direction_gain, unit_directions
+from looplm.diagnostics.gain import random_direction_gain, unit_directions
+from looplm.diagnostics.settings import EPS_FD, N_DIRECTIONS
 
 RATIO_FLOOR = 1e-12
 

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from looplm.diagnostics.settings import DEFAULT_KL_THRESHOLD
 from looplm.model.readout import successive_kl_rows
 
 TOKEN_TYPES = ("whitespace", "punctuation", "function", "content", "other")
-DEFAULT_KL_THRESHOLD = 1e-3
 
 # Closed-class English words (articles, pronouns, prepositions, conjunctions, auxiliaries,
 # determiners, common particles).

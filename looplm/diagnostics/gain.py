@@ -17,8 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-EPS_FD = 1e-3
-N_DIRECTIONS = 4
+from looplm.diagnostics.settings import EPS_FD
 
 
 def unit_directions(

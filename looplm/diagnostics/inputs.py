@@ -9,10 +9,12 @@ evaluation seeds, disjoint from training).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from looplm.config import RunConfig
+from looplm.diagnostics.settings import DataSettings
 from looplm.errors import LoopLMError
 from looplm.targets import IGNORE_INDEX
 
@@ -93,3 +95,36 @@ def load_batches(
         )
     info.update(kind="corpus", seq_len=L, tokenizer=cfg.model.tokenizer)
     return batches, info, None
+
+
+def data_batches(
+    cfg: RunConfig, data: DataSettings, *, batch_size: int, n_batches: int, seed: int
+) -> tuple[list, dict, int | None]:
+    """:func:`load_batches` of the data ``data`` selects (default: the checkpoint's own)."""
+    return load_batches(
+        cfg,
+        dataset=data.data,
+        split=data.split,
+        data_dir=data.data_dir,
+        cache_dir=data.cache_dir,
+        batch_size=batch_size,
+        seq_len=data.seq_len,
+        n_batches=n_batches,
+        seed=seed,
+    )
+
+
+def checkpoint_tokenizer(cfg: RunConfig) -> tuple[Any, str | None]:
+    """The checkpoint's tokenizer and None, or None and why it could not be loaded."""
+    from looplm.data import get_tokenizer
+
+    try:
+        return get_tokenizer(cfg.model.tokenizer), None
+    except LoopLMError as exc:
+        return None, str(exc)
+
+
+def set_threads(threads: int | None) -> None:
+    """Use ``threads`` CPU threads for torch (None: torch's default)."""
+    if threads is not None:
+        torch.set_num_threads(threads)

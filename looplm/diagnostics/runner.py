@@ -14,14 +14,13 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from looplm.diagnostics.anchor import AnchorMap, anchor_response, mean_square
 from looplm.diagnostics.convergence import (
-    DEFAULT_KL_THRESHOLD,
     TOKEN_TYPES,
     convergence_depth,
     depth_by_type,
@@ -30,39 +29,12 @@ from looplm.diagnostics.convergence import (
     token_types,
 )
 from looplm.diagnostics.counterfactual import bias_subtraction, counterfactual_check
-from looplm.diagnostics.gain import EPS_FD, N_DIRECTIONS
-from looplm.diagnostics.steering import DOSE_GAINS, anchor_start_steering
+from looplm.diagnostics.settings import DiagnoseSettings
+from looplm.diagnostics.steering import anchor_start_steering
 from looplm.errors import LoopLMError
+from looplm.settings import check_fields
 
-
-@dataclass
-class DiagnoseOptions:
-    """Settings of :func:`diagnose_model` (paper defaults where the paper gives one)."""
-
-    loops: int = 48  # T of the unroll (Table 3 uses 48)
-    n_dirs: int = N_DIRECTIONS  # random probe directions for the gain
-    eps_fd: float = EPS_FD  # finite-difference step of the gain
-    kl_threshold: float = DEFAULT_KL_THRESHOLD  # τ of the per-token convergence depth
-    ref_depth: int = 8  # the largest trained depth (Figure 4's circle; "still updating at 8")
-    steer_inputs: int = 6  # anchor-start rollouts on this many inputs (the paper uses six)
-    dose_gains: tuple[float, ...] = DOSE_GAINS
-    check_steps: int = 4  # Lemma 1 check: steps, examples, tokens, quadrature nodes
-    check_examples: int = 2
-    check_tokens: int = 16
-    check_nodes: int = 8  # per panel of the adaptive composite Gauss–Legendre rule
-    check_panels: int = 32
-    power_iters: int = 10  # ‖A_t^sec‖₂ estimate for Corollary 3 (0: skip)
-    seed: int = 0
-
-    def validate(self) -> None:
-        if self.loops < 1:
-            raise LoopLMError(f"loops={self.loops}: the loop depth T must be >= 1")
-        if self.n_dirs < 1 or self.eps_fd <= 0:
-            raise LoopLMError(f"n_dirs={self.n_dirs} must be >= 1 and eps_fd={self.eps_fd} > 0")
-        if self.kl_threshold <= 0:
-            raise LoopLMError(f"kl_threshold={self.kl_threshold} must be > 0")
-        if self.steer_inputs < 0 or self.check_steps < 0:
-            raise LoopLMError("steer_inputs and check_steps must be >= 0")
+DiagnoseOptions = DiagnoseSettings  # the name diagnose_model took before the settings were one
 
 
 def clean_json(obj):
@@ -85,7 +57,7 @@ def _mean_lists(rows: Sequence[Sequence[float]]) -> list[float]:
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm.auto import tqdm
 
-    from looplm.device import progress_enabled
+    from looplm.progress import progress_enabled
 
     return tqdm(total=total, desc=desc, disable=not (enabled and progress_enabled()), leave=False)
 
@@ -96,7 +68,7 @@ def _nll_sum(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]
     return float(s.nll.sum()), int(s.n_tokens)
 
 
-def _check_slice(model, ids: torch.Tensor, opts: DiagnoseOptions) -> dict:
+def _check_slice(model, ids: torch.Tensor, opts: DiagnoseSettings) -> dict:
     """Lemma 1 / Theorem 2 / Corollary 3 on a float64 copy with the raw map (see module doc)."""
     m64 = copy.deepcopy(model).double().eval()
     for p in m64.parameters():
@@ -135,7 +107,7 @@ class _Measured:
         self.nll = self.nll_bar = 0.0
         self.n_scored = 0
 
-    def add_batch(self, model, x, y, opts: DiagnoseOptions, gen, tokenizer, pad_id) -> None:
+    def add_batch(self, model, x, y, opts: DiagnoseSettings, gen, tokenizer, pad_id) -> None:
         """The unroll to T, the anchor response and gain, the counterfactual, convergence."""
         T = opts.loops
         out = model(x, loops=T, return_states=True)
@@ -183,7 +155,7 @@ class _Measured:
         mean["gain_std"] = np.sqrt((g_std**2).mean(0) + g_means.var(0)).tolist()
         return mean
 
-    def convergence(self, opts: DiagnoseOptions, tokenizer) -> dict:
+    def convergence(self, opts: DiagnoseSettings, tokenizer) -> dict:
         T = opts.loops
         depth = torch.cat([d.flatten() for d in self.depths])
         types = torch.cat([t.flatten() for t in self.types])
@@ -253,7 +225,7 @@ def _check_batches(model: torch.nn.Module, batches: Sequence) -> None:
 def diagnose_model(
     model: torch.nn.Module,
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    opts: DiagnoseOptions | None = None,
+    opts: DiagnoseSettings | None = None,
     *,
     tokenizer=None,
     pad_id: int | None = None,
@@ -272,8 +244,8 @@ def diagnose_model(
     Returns:
         (results dict, arrays for the steering figure).
     """
-    opts = opts or DiagnoseOptions()
-    opts.validate()
+    opts = opts or DiagnoseSettings()
+    check_fields(opts)
     _check_batches(model, batches)
     model.eval()
     device = next(model.parameters()).device
@@ -322,4 +294,4 @@ def diagnose_model(
     return clean_json(results), arrays
 
 
-__all__ = ["DiagnoseOptions", "clean_json", "diagnose_model", "mean_square"]
+__all__ = ["DiagnoseOptions", "DiagnoseSettings", "clean_json", "diagnose_model", "mean_square"]

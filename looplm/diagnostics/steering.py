@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from looplm.diagnostics.gain import per_example_norm
-
-DOSE_GAINS = (0.5, 1.0, 2.0)
+from looplm.diagnostics.settings import DOSE_GAINS
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """What the adaptive-depth rules share: checks, timing, per-token NLL, result totals, batches.
 
-:mod:`looplm.evaluate.adaptive` (the per-example max-token rule and the driver) and
-:mod:`looplm.evaluate.halting` (per-token KL halting and the linear router) both build on these.
+:mod:`looplm.adaptive.depth` (the per-example max-token rule and the driver) and
+:mod:`looplm.adaptive.halting` (per-token KL halting and the linear router) both build on these;
+the fixed-depth kind reads its batches the same way.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from typing import Any
 import torch
 
 from looplm.errors import LoopLMError
-
-DEFAULT_CEILING = 48
-DEFAULT_LABEL_THRESHOLD = 1e-2
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -26,8 +26,10 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from looplm.errors import LoopLMError, os_error_in
+from looplm.hf.settings import ExportSettings
 
 HERE = Path(__file__).resolve().parent
 CODE_FILES = ("configuration_looplm.py", "modeling_looplm.py")
@@ -76,19 +78,22 @@ def hf_config(model_cfg, loops: int) -> dict:
 def export_checkpoint(
     checkpoint: str | os.PathLike,
     out: str | os.PathLike,
-    *,
-    loops: int | None = None,
-    overwrite: bool = False,
-    standalone: bool = False,
+    settings: ExportSettings | None = None,
+    **changes: Any,
 ) -> Path:
     """Write the export folder ``out`` for ``checkpoint`` (atomically: a temporary folder renamed
-    into place). ``loops`` defaults to the training ceiling ``train.depth_max``; ``standalone``
+    into place). ``settings`` (:class:`~looplm.hf.settings.ExportSettings`; ``changes`` replace
+    single fields, e.g. ``loops=4``): ``loops`` defaults to the training ceiling ``train.depth_max``; ``standalone``
     writes model code that needs no looplm where the folder is loaded. ``overwrite`` replaces a
     previous export's own files (:data:`EXPORT_FILES`) and leaves any other file in ``out``
     alone; a folder that is not a looplm export is refused."""
     from looplm.checkpoint import load_checkpoint
     from looplm.model.lm import check_loops
+    from looplm.settings import build_settings
 
+    base = dataclasses.asdict(settings or ExportSettings())
+    s = build_settings(ExportSettings, {**base, **changes}, "export")
+    loops, overwrite, standalone = s.loops, s.overwrite, s.standalone
     out = Path(out)
     if out.exists() and not overwrite:
         raise LoopLMError(f"{out} exists (pass overwrite=True / --overwrite to replace it)")

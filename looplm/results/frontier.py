@@ -15,7 +15,6 @@ turns them into
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,8 @@ from typing import Any
 import numpy as np
 
 from looplm.errors import LoopLMError
-from looplm.results.sections import ReportSection, register_section
+from looplm.results.sections import ReportSection, difficulty_of, register_section
 from looplm.results.store import EvalRecord
-
-_SPLIT = re.compile(r"^difficulty=(\d+)$")
-
-
-def difficulty_of(rec: EvalRecord) -> int | None:
-    """The difficulty of a frontier record (its split ``difficulty=<d>``), else None."""
-    m = _SPLIT.match(rec.split or "")
-    return int(m.group(1)) if m and "n_correct" in rec.extra else None
 
 
 def frontier_records(records: Sequence[EvalRecord]) -> list[EvalRecord]:

@@ -18,7 +18,7 @@
 
 Sections (:mod:`looplm.results.sections`): every record goes to the section of the evaluation
 kind that wrote it (fixed-depth, transfer, LAMBADA and diagnostics rows: the depth tables here;
-adaptive rows: :mod:`looplm.results.report_adaptive`; frontier and propagation rows:
+adaptive rows: :mod:`looplm.adaptive.section`; frontier and propagation rows:
 :mod:`looplm.results.frontier`; scaling rows: the φ fit here; a plugin kind: its own section).
 Grouping rules (:mod:`looplm.results.tables`): rows are (method, model_hash); when a method has
 several model hashes in one table the row label carries the short hash. Methods named
@@ -31,8 +31,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,6 @@ from looplm.results.figures import (
     plot_depth_response,
     plot_scaling,
 )
-from looplm.results.report_adaptive import ADAPTIVE_CONTEXT_FIELDS
 from looplm.results.scaling import bootstrap_records, fit_records, scaling_points
 from looplm.results.sections import (
     ReportContext,
@@ -54,10 +53,12 @@ from looplm.results.sections import (
     report_sections,
     section_of,
 )
-from looplm.results.stats import PairedDelta, SeedSpec, Summary, paired_deltas, resolve_seed_set
+from looplm.results.settings import ReportSettings
+from looplm.results.stats import PairedDelta, Summary, paired_deltas
 from looplm.results.store import EvalRecord, group_by, load_records
 from looplm.results.tables import (
     REFERENCE_PREFIX,
+    ROW_CONTEXT,
     context_title,
     finite_or_none,
     fmt_num,
@@ -67,12 +68,10 @@ from looplm.results.tables import (
     row_keys,
     row_labels,
 )
+from looplm.settings import build_settings
 
-CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag", "calibration")
+CONTEXT_FIELDS = (*ROW_CONTEXT, "calibration")
 PHI_BOOT = 200  # bootstrap resamples for φ's interval
-
-# The method paired deltas are taken against unless a report names another.
-DEFAULT_REFERENCE = "scse"
 
 
 # --------------------------------------------------------------------------- the report
@@ -359,7 +358,7 @@ class ScalingSection(ReportSection):
             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         notes = []
-        fields = ("method",) + ADAPTIVE_CONTEXT_FIELDS
+        fields = ("method",) + ROW_CONTEXT
         groups: dict[tuple, list[EvalRecord]] = {}
         for rec in recs:  # one fit per method over every training variant of a sweep
             sweep = rec.extra.get("sweep_protocol") or rec.protocol
@@ -444,83 +443,93 @@ def _build(r: ReportContext) -> None:
     r.json["figures"] = [str(p.relative_to(r.out_dir)) for p in r.figures]
 
 
-# long: the report's sections in reading order
-def _check_records(
-    reference: str, records: list, store_path: str | os.PathLike, require_reference: bool
+_PRINTED = ("### Paired deltas", "## Recurrence scaling law")
+
+
+def key_tables(markdown: str) -> str:
+    """The report's paired-delta tables (each under its context heading) and the φ table: the
+    sections ``looplm report`` prints, the rest stays in ``report.md``."""
+    out: list[str] = []
+    context, keep = "", False
+    for line in markdown.splitlines():
+        if line.startswith("## ") or line.startswith("### "):
+            keep = line.startswith(_PRINTED)
+            if line.startswith("## ") and not keep:
+                context = line
+            elif keep:
+                if context and line.startswith("### "):
+                    out += [context, ""]
+                context = ""
+                out.append(line)
+            continue
+        if keep and not line.startswith("!["):
+            out.append(line)
+    return "\n".join(out).strip()
+
+
+def _check_reference(
+    reference: str, records: list, store_path: str | os.PathLike, known: Iterable[str] | None
 ) -> None:
-    """Refuse, before any work, an empty store and (``require_reference``: a reference named on
-    purpose) a reference that is none of its methods; otherwise a reference missing from a table
-    gets a note there."""
-    if not records:
-        raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
+    """A reference that names no method at all is a typo, not a table without paired deltas:
+    refuse it before any work. ``known``: every method name there is (the registered
+    recurrences; the command passes them, the results layer does not import model code); a
+    known method missing from this store (the default ``scse`` on a store of baselines) keeps
+    today's note in each table instead. Without ``known`` nothing is refused. (The command
+    passes the default reference only: the results layer does not import model code, so a
+    registered method that is in neither the store nor ``known`` is refused there too.)"""
     in_store = sorted({r.method for r in records})
-    if require_reference and reference not in in_store:
-        raise LoopLMError(
-            f"reference {reference!r} is not a method of {store_path}; allowed: "
-            f"{', '.join(in_store)}"
-        )
+    if known is None or reference in in_store or reference in set(known):
+        return
+    raise LoopLMError(
+        f"reference {reference!r} is not a method; allowed (the methods in {store_path}): "
+        f"{', '.join(in_store)}"
+    )
 
 
-# long: the argument reference in the docstring; the body is short
 def write_report(
     store_path: str | os.PathLike,
     out_dir: str | os.PathLike,
+    settings: ReportSettings | None = None,
     *,
-    reference: str = DEFAULT_REFERENCE,
-    seeds: SeedSpec = "auto",
-    train_depth_max: int = 8,
-    allow_incomplete: bool = False,
-    n_boot: int = 10_000,
-    boot_seed: int = 0,
-    confidence: float = 0.95,
-    ppl_shift: float | None = None,
-    figures: bool = True,
-    require_reference: bool = False,
+    known_methods: Iterable[str] | None = None,
+    **changes: Any,
 ) -> ReportResult:
     """Write ``report.md``, ``results.json`` and ``figures/*.png`` for a results file.
 
-    Args:
-        store_path: a SQLite results store, or a JSON file from ``ResultsStore.export_json``.
-        out_dir: output folder (created).
-        reference: method the paired deltas are taken against (Δ = reference − method).
-        seeds: required seed set — a list of ints, ``"default"``, ``"expanded"``, ``"auto"``
-            (expanded where all five are present, else default) or ``"all"``.
-        train_depth_max: largest training loop depth; deeper T are marked extra-loop.
-        allow_incomplete: mark summaries with missing/duplicate seeds instead of raising.
-        n_boot, boot_seed, confidence: paired-bootstrap and t-interval settings.
-        ppl_shift: fixed c for the ``log(PPL − c)`` axis (default: chosen per figure).
-        figures: also render the PNG figures.
-        require_reference: refuse a ``reference`` that is not a method of the store (one named
-            on purpose, as ``--reference``) instead of noting its absence in each table.
+    ``store_path`` is a SQLite results store or a JSON file from ``ResultsStore.export_json``;
+    ``out_dir`` the output folder (created). ``settings`` (:class:`~looplm.results.settings.
+    ReportSettings`; ``changes`` replace single fields, e.g. ``seeds=[0, 1]``) say against which
+    method the paired deltas are taken (Δ = reference − method), which seed set is required,
+    the largest training depth (deeper T are marked extra-loop), the bootstrap and interval
+    settings and whether figures are drawn. ``known_methods``: every method name there is; a
+    ``reference`` outside them and the store is refused before any work (the command passes
+    the default reference; without it nothing is refused).
 
     Raises LoopLMError for a missing/unreadable store, an empty store, or (unless
     ``allow_incomplete``) a summary whose seed set is incomplete or duplicated.
     """
-    # (long for its argument reference above; the body is short)
-    if int(train_depth_max) < 1:
-        raise LoopLMError(f"train_depth_max must be >= 1, got {train_depth_max}")
-    if int(n_boot) < 1:
-        raise LoopLMError(f"n_boot must be >= 1, got {n_boot}")
-    if not 0 < confidence < 1:
-        raise LoopLMError(f"confidence must be in (0, 1), got {confidence}")
-    resolve_seed_set(seeds)  # validate early
+    s = build_settings(
+        ReportSettings, {**asdict(settings or ReportSettings()), **changes}, "report"
+    )
     records = load_records(store_path)
-    _check_records(reference, records, store_path, require_reference)
+    if not records:
+        raise LoopLMError(f"results file {str(store_path)!r} holds no evaluations")
+    _check_reference(s.reference, records, store_path, known_methods)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     b = ReportContext(
         records,
         source=str(store_path),
         out_dir=out,
-        reference=reference,
-        seeds=seeds,
-        train_depth_max=int(train_depth_max),
-        allow_incomplete=allow_incomplete,
-        n_boot=int(n_boot),
-        boot_seed=int(boot_seed),
-        confidence=float(confidence),
-        ppl_shift=ppl_shift,
-        figures=figures,
+        reference=s.reference,
+        seeds=s.seeds,
+        train_depth_max=s.depth_max,
+        allow_incomplete=s.allow_incomplete,
+        n_boot=s.n_boot,
+        boot_seed=s.boot_seed,
+        confidence=s.confidence,
+        ppl_shift=s.ppl_shift,
+        figures=s.figures,
     )
     _build(b)
     md_path, json_path = out / "report.md", out / "results.json"

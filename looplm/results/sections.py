@@ -18,12 +18,13 @@ their fields, as the report always did, so old stores report unchanged.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from looplm.errors import LoopLMError
-from looplm.plugins import Registry
+from looplm.plugins import Registry, analysis_modules, import_submodules
 from looplm.results.stats import (
     DEFAULT_SEEDS,
     EXPANDED_SEEDS,
@@ -158,9 +159,17 @@ class ReportSection:
         raise NotImplementedError
 
 
+_DIFFICULTY = re.compile(r"^difficulty=(\d+)$")
+
+
+def difficulty_of(rec: EvalRecord) -> int | None:
+    """The difficulty of a frontier record (its split ``difficulty=<d>``), else None."""
+    m = _DIFFICULTY.match(rec.split or "")
+    return int(m.group(1)) if m and "n_correct" in rec.extra else None
+
+
 def legacy_kind(rec: EvalRecord) -> str:
     """The kind of a record written without one, recognised by its fields."""
-    from looplm.results.frontier import difficulty_of
     from looplm.results.scaling import is_scaling_record
 
     if is_scaling_record(rec):
@@ -173,12 +182,6 @@ def legacy_kind(rec: EvalRecord) -> str:
 
 
 _SECTIONS: Registry[ReportSection] = Registry("report section", "looplm.evaluations")
-_BUILT_IN = (
-    "looplm.results.report",
-    "looplm.results.report_adaptive",
-    "looplm.results.frontier",
-    "looplm.results.lens",
-)
 
 
 def register_section(cls: type[ReportSection]) -> type[ReportSection]:
@@ -187,8 +190,13 @@ def register_section(cls: type[ReportSection]) -> type[ReportSection]:
 
 
 def report_sections() -> list[type[ReportSection]]:
-    """Every registered section (built-in and plugins), in report order."""
-    for module in _BUILT_IN:
+    """Every registered section (built-in and plugins), in report order: the modules of
+    :mod:`looplm.results` and each analysis package's ``section`` module are scanned, so a new
+    section is one module with a :func:`register_section` class (no list to edit)."""
+    import looplm.results
+
+    import_submodules("looplm.results", looplm.results.__path__)
+    for module in analysis_modules("section"):
         importlib.import_module(module)
     return sorted(_SECTIONS.items().values(), key=lambda c: (c.order, c.name))
 

@@ -20,6 +20,9 @@ from looplm.results.store import EvalRecord
 REFERENCE_PREFIX = "unshared"  # method labels of the absolute (unshared-depth) references
 
 
+ROW_CONTEXT = ("protocol", "dataset", "split", "eval_tag")  # what the rows of one table share
+
+
 def decimals(x: float) -> int:
     if not math.isfinite(x) or x == 0:
         return 2

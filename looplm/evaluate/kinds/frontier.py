@@ -15,42 +15,44 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from looplm.errors import LoopLMError, check_positive_int
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
+from looplm.errors import LoopLMError
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
+from looplm.settings import build_settings, check_fields, depth_list, setting
+
+MAX_DEPTH = 4096  # soft cap on a loop depth: a batch costs the deepest T
 
 
 @dataclass
 class FrontierSettings:
     """``evaluate.frontier``."""
 
-    depths: list[int] | str  # thinking steps T to evaluate, a list or a string like "1-32"
-    difficulties: list[int] | str  # task difficulties to test (e.g. nesting depths 1-8)
-    n_examples: int = 128  # examples per difficulty
-    batch_size: int | None = None  # evaluation batch size (default: evaluate.batch_size)
+    # thinking steps T to evaluate, a list or a string like "1-32"
+    depths: list[int] | str = setting(lo=1, cap=MAX_DEPTH)
+    # task difficulties to test (e.g. nesting depths 1-8)
+    difficulties: list[int] | str = setting(lo=1)
+    n_examples: int = setting(128, lo=1, cap=1_000_000)  # examples per difficulty
+    # evaluation batch size (default: evaluate.batch_size)
+    batch_size: int | None = setting(None, lo=1, hi=65_536)
+
+    def validate(self) -> None:
+        self.depths = depth_list(self.depths, "frontier.depths")
+        self.difficulties = depth_list(self.difficulties, "frontier.difficulties")
+        check_fields(self, "evaluate.frontier.")
 
 
 @dataclass
 class PropagationSettings:
     """``evaluate.propagation`` (node tasks with adjacency attention)."""
 
-    difficulties: list[int] | str  # graph depths to test
-    max_loops: int = 16  # loop steps unrolled per query (the row's depth)
-    n_examples: int = 64  # graphs per difficulty
-    batch_size: int | None = None  # evaluation batch size (default: evaluate.batch_size)
+    difficulties: list[int] | str = setting(lo=1)  # graph depths to test
+    # loop steps unrolled per query (the row's depth)
+    max_loops: int = setting(16, lo=1, cap=MAX_DEPTH, what="the loop depth T")
+    n_examples: int = setting(64, lo=1, cap=1_000_000)  # graphs per difficulty
+    # evaluation batch size (default: evaluate.batch_size)
+    batch_size: int | None = setting(None, lo=1, hi=65_536)
 
-
-def _ints(value: Any, where: str) -> list[int]:
-    from looplm.device import depth_list
-
-    return depth_list(value, where)
-
-
-def _count(settings: dict[str, Any], key: str, default: int | None, where: str) -> int | None:
-    """A positive integer setting (``default`` when absent; None stays None)."""
-    v = settings.get(key, default)
-    if v is not None:
-        check_positive_int(f"{where}.{key}", v)
-    return v
+    def validate(self) -> None:
+        self.difficulties = depth_list(self.difficulties, "propagation.difficulties")
 
 
 def _task(job: EvalJob) -> str:
@@ -74,18 +76,17 @@ class Frontier(EvaluationKind):
     Settings = FrontierSettings
     order = 50
 
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self.depths = _ints(settings["depths"], "frontier.depths")
-        self.difficulties = _ints(settings["difficulties"], "frontier.difficulties")
-        self.n_examples = _count(settings, "n_examples", 128, "evaluate.frontier")
-        self.batch_size = _count(settings, "batch_size", None, "evaluate.frontier")
+    def __init__(self, settings: FrontierSettings) -> None:
+        self.settings = settings
+        self.depths, self.difficulties = settings.depths, settings.difficulties
+        self.n_examples, self.batch_size = settings.n_examples, settings.batch_size
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Frontier | None:
         s = evaluate.get("frontier")
         if not s:
             return None
-        return cls(check_settings(FrontierSettings, s, "evaluate.frontier"))
+        return cls(build_settings(FrontierSettings, s, "evaluate.frontier"))
 
     def _tag(self, job: EvalJob) -> str:
         return job.tag(max_examples=self.n_examples)
@@ -142,18 +143,17 @@ class Propagation(EvaluationKind):
     Settings = PropagationSettings
     order = 55
 
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self.difficulties = _ints(settings["difficulties"], "propagation.difficulties")
-        self.max_loops = _count(settings, "max_loops", 16, "evaluate.propagation")
-        self.n_examples = _count(settings, "n_examples", 64, "evaluate.propagation")
-        self.batch_size = _count(settings, "batch_size", None, "evaluate.propagation")
+    def __init__(self, settings: PropagationSettings) -> None:
+        self.settings = settings
+        self.difficulties, self.max_loops = settings.difficulties, settings.max_loops
+        self.n_examples, self.batch_size = settings.n_examples, settings.batch_size
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Propagation | None:
         s = evaluate.get("propagation")
         if not s:
             return None
-        return cls(check_settings(PropagationSettings, s, "evaluate.propagation"))
+        return cls(build_settings(PropagationSettings, s, "evaluate.propagation"))
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.evaluate.records import fixed_depth_identities

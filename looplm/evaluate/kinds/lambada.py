@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
+from looplm.settings import build_settings, depth_list, setting
 
 
 @dataclass
@@ -20,9 +21,12 @@ class LambadaSettings:
     """``evaluate.lambada``."""
 
     path: str  # lambada_test.jsonl or its folder (resolved against data_dir when not a path)
-    max_examples: int | None = None  # evaluate the first N passages only; null: all 5,153
-    depths: list[int] | str | None = None  # loop depths (default: evaluate.depths)
-    batch_size: int | None = None  # evaluation batch size (default: evaluate.batch_size)
+    # evaluate the first N passages only; null: all 5,153
+    max_examples: int | None = setting(None, lo=1)
+    # loop depths (default: evaluate.depths)
+    depths: list[int] | str | None = setting(None, lo=1, cap=4096)
+    # evaluation batch size (default: evaluate.batch_size)
+    batch_size: int | None = setting(None, lo=1, hi=65_536)
 
 
 @register_kind
@@ -34,23 +38,20 @@ class Lambada(EvaluationKind):
     Settings = LambadaSettings
     order = 40
 
-    def __init__(self, settings: dict[str, Any], depths: list[int]) -> None:
-        self.settings, self.depths = settings, depths
+    def __init__(self, settings: LambadaSettings) -> None:
+        self.settings, self.depths = settings, list(settings.depths)
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Lambada | None:
-        from looplm.device import depth_list
-
         lam = evaluate.get("lambada")
         if not lam:
             return None
-        check_settings(LambadaSettings, lam, "evaluate.lambada")
-        return cls(
-            dict(lam), depth_list(lam.get("depths", evaluate.get("depths")), "lambada.depths")
-        )
+        s = build_settings(LambadaSettings, lam, "evaluate.lambada")
+        s.depths = depth_list(s.depths or evaluate.get("depths"), "lambada.depths")
+        return cls(s)
 
     def _tag(self, job: EvalJob) -> str:
-        return job.tag(max_examples=self.settings.get("max_examples"))
+        return job.tag(max_examples=self.settings.max_examples)
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.evaluate.records import fixed_depth_identities
@@ -70,11 +71,11 @@ class Lambada(EvaluationKind):
         from looplm.evaluate.completion import lambada_items, lambada_sweep
         from looplm.evaluate.records import fixed_depth_records
 
-        path = Path(self.settings["path"])
+        path = Path(self.settings.path)
         if not path.exists() and job.data_dir:
-            path = Path(job.data_dir) / self.settings["path"]
+            path = Path(job.data_dir) / self.settings.path
         items = lambada_items(
-            lambada_examples(path)[: self.settings.get("max_examples")],
+            lambada_examples(path)[: self.settings.max_examples],
             get_tokenizer(job.cfg.model.tokenizer),
             job.cfg.model.context,
         )
@@ -82,7 +83,7 @@ class Lambada(EvaluationKind):
             job.model(),
             items,
             sorted(i["depth"] for i in todo),
-            batch_size=int(self.settings.get("batch_size", job.batch_size)),
+            batch_size=int(self.settings.batch_size or job.batch_size),
             device=job.device,
             progress=job.progress,
         )

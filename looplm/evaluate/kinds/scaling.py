@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
 from looplm.evaluate.kinds.fixed import Sweep
+from looplm.settings import build_settings, setting
 
 
 @dataclass
@@ -29,7 +30,7 @@ class ScalingSettings:
     """``evaluate.scaling``."""
 
     split: str = "validation"  # split the NLL at the training depth r is measured on
-    max_tokens: int | None = None  # cap on scored tokens; null: the whole split
+    max_tokens: int | None = setting(None, lo=1)  # cap on scored tokens; null: the whole split
 
 
 def scaling_extra(cfg: Any) -> dict[str, Any]:
@@ -65,16 +66,16 @@ class Scaling(EvaluationKind):
     Settings = ScalingSettings
     order = 60
 
-    def __init__(self, split: str, max_tokens: int | None) -> None:
-        self.split, self.max_tokens = split, max_tokens
+    def __init__(self, settings: ScalingSettings) -> None:
+        self.settings = settings
+        self.split, self.max_tokens = settings.split, settings.max_tokens
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Scaling | None:
         s = evaluate.get("scaling")
         if not s:
             return None
-        check_settings(ScalingSettings, s, "evaluate.scaling")
-        return cls(s.get("split", ScalingSettings.split), s.get("max_tokens"))
+        return cls(build_settings(ScalingSettings, s, "evaluate.scaling"))
 
     def _sweep(self, job: EvalJob) -> Sweep:
         return Sweep(None, self.split, self.max_tokens, (job.cfg.train.depth_max,), "scaling")

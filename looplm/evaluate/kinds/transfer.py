@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
 from looplm.evaluate.kinds.fixed import Sweep
+from looplm.settings import build_settings, depth_list, setting
 
 
 @dataclass
@@ -23,8 +24,10 @@ class TransferSettings:
 
     dataset: str  # the held-out corpus (no training on it), e.g. c4
     split: str = "test"  # its split
-    max_tokens: int | None = None  # cap on scored tokens (default: evaluate.max_tokens)
-    depths: list[int] | str | None = None  # loop depths (default: evaluate.depths)
+    # cap on scored tokens (default: evaluate.max_tokens)
+    max_tokens: int | None = setting(None, lo=1)
+    # loop depths (default: evaluate.depths)
+    depths: list[int] | str | None = setting(None, lo=1, cap=4096)
     # OpenWebText / C4 document counts "TRAIN,VALIDATION,TEST" of a contiguous split (default:
     # the paper's 200,000 / 4,096 / 4,096 and 100,000 / 4,096 / 4,096; a small sample needs fewer)
     counts: str | None = None
@@ -44,26 +47,23 @@ class Transfer(EvaluationKind):
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Transfer | None:
-        from looplm.device import depth_list
 
         entries = evaluate.get("transfer") or []
         if not isinstance(entries, list):
             raise LoopLMError("evaluate.transfer must be a list of {dataset, split, …} entries")
         sweeps = []
-        for i, t in enumerate(entries):
-            check_settings(TransferSettings, t, f"evaluate.transfer[{i}]")
-            depths = depth_list(t.get("depths", evaluate.get("depths")), "transfer.depths")
-            cap = t.get("max_tokens", evaluate.get("max_tokens"))
-            counts = t.get("counts")
+        for i, raw in enumerate(entries):
+            t = build_settings(TransferSettings, raw, f"evaluate.transfer[{i}]")
+            depths = depth_list(t.depths or evaluate.get("depths"), "transfer.depths")
+            cap = t.max_tokens if t.max_tokens is not None else evaluate.get("max_tokens")
+            counts = t.counts
             if counts is not None:
                 from looplm.data.corpora import SplitCounts
 
                 c = SplitCounts.parse(str(counts))
                 counts = f"{c.train},{c.validation},{c.test}"
             label = f"docs={counts.replace(',', '/')}" if counts else ""
-            sweeps.append(
-                Sweep(t["dataset"], t.get("split", "test"), cap, tuple(depths), label, counts)
-            )
+            sweeps.append(Sweep(t.dataset, t.split, cap, tuple(depths), label, counts))
         return cls(sweeps) if sweeps else None
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from looplm.results.sections import ReportSection, register_section
 from looplm.results.stats import Summary, summarize
 from looplm.results.store import EvalRecord, group_by
 from looplm.results.tables import (
+    ROW_CONTEXT,
     adaptive_family,
     best_in_column,
     contenders,
@@ -29,7 +30,7 @@ from looplm.results.tables import (
 
 Row = tuple[str, str]  # (method, model_hash)
 Col = tuple[str, str]  # (adaptive_mode, calibration)
-ADAPTIVE_CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag")
+ADAPTIVE_CONTEXT_FIELDS = ROW_CONTEXT
 
 
 @dataclass

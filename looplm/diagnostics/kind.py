@@ -7,6 +7,9 @@ and the per-token convergence statistics come out of a sweep::
     diagnostics: {split: test, loops: 48, batches: 2, batch_size: 4, kl_threshold: 0.001,
                   steer_inputs: 6, check_steps: 0, dtype: float64, seed: 0}
 
+(the keys of :class:`looplm.diagnostics.settings.DiagnosticsKindSettings`, the settings of
+``looplm diagnose`` plus the split).
+
 One row per looped run (unshared Transformers have no anchor and are left out) at the diagnosed
 depth T: ``eval_tag`` ``diagnostics`` (a sweep's rows add ``cap=<batches·batch_size>ex``), the
 token-level NLL of the ordinary unroll at T on the measured windows, and in ``extra`` the summary,
@@ -20,43 +23,14 @@ enough). The rows are reported with the fixed-depth tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from typing import Any
 
-from looplm.errors import LoopLMError, check_positive_int
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_settings, register_kind
+from looplm.diagnostics.settings import DiagnosticsKindSettings
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
+from looplm.settings import build_settings
 
 EVAL_TAG = "diagnostics"
-DTYPES = ("float64", "float32")
-
-
-@dataclass
-class DiagnosticsSettings:
-    """The ``evaluate.diagnostics`` section: the mechanistic diagnostics of every looped run."""
-
-    split: str = "test"  # split the measured windows come from
-    loops: int = 48  # the unroll depth T (the paper's Table 3 uses 48)
-    batches: int = 2  # measured batches
-    batch_size: int = 4  # windows per batch (full context-length windows)
-    kl_threshold: float = 1e-3  # τ of the per-token convergence depth
-    steer_inputs: int = 6  # inputs of the anchor-start steering rollouts (0: none)
-    check_steps: int = 0  # steps of the numerical Lemma 1 check (0: skip)
-    dtype: str = "float64"  # working precision: float64 | float32
-    seed: int = 0  # seed of the random probe directions
-
-    def validate(self) -> None:
-        for key in ("loops", "batches", "batch_size"):
-            check_positive_int(f"evaluate.diagnostics.{key}", getattr(self, key))
-        for key in ("steer_inputs", "check_steps", "seed"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise LoopLMError(f"evaluate.diagnostics.{key}={v!r} must be an integer >= 0")
-        if self.dtype not in DTYPES:
-            raise LoopLMError(
-                f"evaluate.diagnostics.dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}"
-            )
-        if not self.kl_threshold > 0:
-            raise LoopLMError(f"evaluate.diagnostics.kl_threshold={self.kl_threshold} must be > 0")
 
 
 def diagnostics_extra(results: dict[str, Any]) -> dict[str, Any]:
@@ -85,18 +59,18 @@ class Diagnostics(EvaluationKind):
 
     name = "diagnostics"
     section = "diagnostics"
-    Settings = DiagnosticsSettings
+    Settings = DiagnosticsKindSettings
     order = 90
 
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self.s = {**DiagnosticsSettings().__dict__, **settings}
+    def __init__(self, settings: DiagnosticsKindSettings) -> None:
+        self.settings = settings
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Diagnostics | None:
         d = evaluate.get("diagnostics")
         if not d:
             return None  # `looplm diagnose --store` writes rows with record() instead
-        return cls(dict(check_settings(DiagnosticsSettings, d, "evaluate.diagnostics")))
+        return cls(build_settings(DiagnosticsKindSettings, d, "evaluate.diagnostics"))
 
     @classmethod
     def record(cls, cfg: Any, results: dict[str, Any], **identity: Any) -> Any:
@@ -130,7 +104,7 @@ class Diagnostics(EvaluationKind):
         from looplm.evaluate.records import eval_tag
 
         base = ",".join(x for x in (EVAL_TAG, job.evaluate.get("tag", "")) if x)
-        return eval_tag(base, max_examples=self.s["batches"] * self.s["batch_size"])
+        return eval_tag(base, max_examples=self.settings.batches * self.settings.batch_size)
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.data.corpora import canonical_split
@@ -144,8 +118,8 @@ class Diagnostics(EvaluationKind):
                 "method": job.cfg.method_label,
                 "protocol": job.protocol,
                 "dataset": job.cfg.data.dataset,
-                "split": canonical_split(self.s["split"]),
-                "depth": int(self.s["loops"]),
+                "split": canonical_split(self.settings.split),
+                "depth": self.settings.loops,
                 "seed": int(job.cfg.train.seed),
                 "eval_tag": self.tag(job),
                 "adaptive_mode": "",
@@ -158,34 +132,27 @@ class Diagnostics(EvaluationKind):
 
         import torch
 
-        from looplm.data import get_tokenizer
-        from looplm.diagnostics.inputs import load_batches
-        from looplm.diagnostics.runner import DiagnoseOptions, diagnose_model
+        from looplm.diagnostics.inputs import checkpoint_tokenizer, load_batches
+        from looplm.diagnostics.runner import diagnose_model
 
         if not todo:
             return []
-        s = self.s
-        dtype = {"float64": torch.float64, "float32": torch.float32}[s["dtype"]]
+        s = self.settings
+        dtype = {"float64": torch.float64, "float32": torch.float32}[s.dtype]
         model = copy.deepcopy(job.model()).to(dtype).eval()
         batches, info, pad_id = load_batches(
             job.cfg,
-            split=s["split"],
+            split=s.split,
             data_dir=job.data_dir,
-            batch_size=s["batch_size"],
-            n_batches=s["batches"],
+            batch_size=s.batch_size,
+            n_batches=s.batches,
             seed=job.cfg.train.seed,
         )
-        try:
-            tokenizer = get_tokenizer(job.cfg.model.tokenizer)
-        except LoopLMError:  # token types are then all "other"
-            tokenizer = None
-        opts = DiagnoseOptions(
-            loops=s["loops"],
-            kl_threshold=s["kl_threshold"],
+        tokenizer, _ = checkpoint_tokenizer(job.cfg)  # without one, token types are all "other"
+        opts = dataclasses.replace(
+            s,
             ref_depth=job.cfg.train.depth_max,
-            steer_inputs=min(s["steer_inputs"], s["batch_size"] * s["batches"]),
-            check_steps=s["check_steps"],
-            seed=s["seed"],
+            steer_inputs=min(s.steer_inputs, s.batch_size * s.batches),
         )
         results, _arrays = diagnose_model(
             model, batches, opts, tokenizer=tokenizer, pad_id=pad_id, progress=job.progress

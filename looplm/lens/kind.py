@@ -1,7 +1,7 @@
-"""The Jacobian lens on the two-hop knowledge task (:mod:`looplm.evaluate.lens_twohop`)::
+"""The Jacobian lens on the two-hop knowledge task (:mod:`looplm.lens.twohop`)::
 
     lens: {loops: 8, extrapolate: [24, 48], n_fit: 128, k: 8, band: [0.38, 0.92],
-           extra_bands: [[0.1, 0.4]], arms: [jlens, logit, tuned], tuned_steps: 250,
+           extra_bands: [[0.1, 0.4]], arms: [jlens, logit, tuned], tuned_steps: 100,
            swap_depths: [8, 24]}
 
 For every depth T (``loops`` and each ``extrapolate`` depth; an unshared model: its layer count
@@ -29,11 +29,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from looplm.errors import LoopLMError, check_positive_int
-from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, check_keys, register_kind
+from looplm.errors import LoopLMError
+from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
+from looplm.lens.settings import TwoHopLensSettings, fractions
+from looplm.settings import build_settings
 
-KEYS = {"loops", "extrapolate", "n_fit", "k", "band", "extra_bands", "arms", "tuned_steps",
-        "swap_depths", "batch_size"}  # fmt: skip
 SETS = ("two_hop", "heldout")
 SUMMARY = "lens:summary"
 
@@ -50,51 +50,23 @@ class Lens(EvaluationKind):
     section = "lens"
     order = 60
 
-    def __init__(self, s: dict[str, Any]) -> None:
-        from looplm.device import depth_list
-        from looplm.evaluate.lens_twohop import ARMS
+    Settings = TwoHopLensSettings
 
-        self.loops = int(s.get("loops", 8))
-        check_positive_int("evaluate.lens.loops", self.loops)
-        ext = s.get("extrapolate") or []
-        self.extrapolate = depth_list(ext, "lens.extrapolate") if ext else []
-        if any(T <= self.loops for T in self.extrapolate):
-            raise LoopLMError(
-                f"evaluate.lens.extrapolate={self.extrapolate}: extrapolated depths must exceed "
-                f"loops={self.loops}"
-            )
-        self.n_fit = int(s.get("n_fit", 128))
-        self.k = int(s.get("k", 8))
-        self.tuned_steps = int(s.get("tuned_steps", 250))
-        self.batch_size = int(s.get("batch_size", 512))
-        for key in ("n_fit", "k", "tuned_steps", "batch_size"):
-            check_positive_int(f"evaluate.lens.{key}", getattr(self, key))
-        self.band = _fractions(s.get("band", [0.38, 0.92]), "band")
-        extra = s.get("extra_bands") or []
-        if not isinstance(extra, list):
-            raise LoopLMError(f"evaluate.lens.extra_bands={extra!r} must be a list of bands")
-        self.extra_bands = [_fractions(b, "extra_bands") for b in extra]
-        self.arms = list(s.get("arms", ARMS))
-        bad = [a for a in self.arms if a not in ARMS]
-        if bad or "jlens" not in self.arms:
-            raise LoopLMError(
-                f"evaluate.lens.arms={self.arms}; allowed: {', '.join(ARMS)} (jlens required)"
-            )
-        self.swap_depths = depth_list(s.get("swap_depths", [self.loops]), "lens.swap_depths")
-        unknown = sorted(set(self.swap_depths) - {self.loops, *self.extrapolate})
-        if unknown:
-            raise LoopLMError(
-                f"evaluate.lens.swap_depths has depth {unknown[0]}, which is not a lens depth "
-                f"(loops or extrapolate: {[self.loops, *self.extrapolate]})"
-            )
+    def __init__(self, settings: TwoHopLensSettings) -> None:
+        self.settings = settings
+        self.loops, self.extrapolate = settings.loops, list(settings.extrapolate)
+        self.n_fit, self.k, self.tuned_steps = settings.n_fit, settings.k, settings.tuned_steps
+        self.batch_size, self.arms = settings.batch_size, list(settings.arms)
+        self.band = fractions(settings.band, "band")
+        self.extra_bands = [fractions(b, "extra_bands") for b in settings.extra_bands]
+        self.swap_depths = list(settings.swap_depths or [self.loops])
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> Lens | None:
         s = evaluate.get("lens")
         if not s:
             return None
-        check_keys(s, KEYS, "evaluate.lens")
-        return cls(s)
+        return cls(build_settings(TwoHopLensSettings, s, "evaluate.lens"))
 
     def depths(self, job: EvalJob) -> list[int]:
         if not job.cfg.model.is_looped:  # distinct layers: one depth, its layer count
@@ -144,9 +116,9 @@ class Lens(EvaluationKind):
         import numpy as np
 
         from looplm.data.twohop import knowledge_base
-        from looplm.evaluate import lens_twohop as lt
         from looplm.evaluate.records import fixed_depth_records
         from looplm.evaluate.twohop import prompts
+        from looplm.lens import twohop as lt
 
         model, task_args = job.model(), job.cfg.data.task_args
         kb = knowledge_base(task_args)
@@ -208,8 +180,8 @@ class Lens(EvaluationKind):
 
     def _swaps(self, model, arms, kb, correct_train, T: int, fractions) -> dict[str, Any]:
         """The swap test over the band ``fractions`` of T, per direction arm and edit position."""
-        from looplm.diagnostics.lens_interventions import band_from_fractions
-        from looplm.evaluate import lens_twohop as lt
+        from looplm.lens import twohop as lt
+        from looplm.lens.interventions import band_from_fractions
 
         band = band_from_fractions(fractions[0], fractions[1], T)
         p, ok = correct_train
@@ -232,20 +204,7 @@ class Lens(EvaluationKind):
         return {"band": list(band), "fractions": list(fractions), "arms": swaps}
 
 
-def _fractions(band: Any, key: str) -> tuple[float, float]:
-    if (
-        not isinstance(band, (list, tuple))
-        or len(band) != 2
-        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in band)
-        or not 0 <= band[0] <= band[1] <= 1
-    ):
-        raise LoopLMError(
-            f"evaluate.lens.{key}: band {band!r} must be two fractions of T, 0 <= lo <= hi <= 1"
-        )
-    return float(band[0]), float(band[1])
-
-
 def _logit(model: Any, T: int) -> Any:
-    from looplm.diagnostics.lens import logit_lens
+    from looplm.lens.jacobian import logit_lens
 
     return logit_lens(model, T)

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from looplm.diagnostics.lens import (
+from looplm.errors import LoopLMError
+from looplm.lens.jacobian import (
     LENS_FORMAT,
     Batch,
     batch_ids,
@@ -39,7 +40,6 @@ from looplm.diagnostics.lens import (
     progress_bar,
     save_tensors,
 )
-from looplm.errors import LoopLMError
 from looplm.targets import IGNORE_INDEX
 
 

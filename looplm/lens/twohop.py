@@ -36,8 +36,8 @@ from looplm.data.synthetic import PAD_ID, make_batch
 from looplm.data.twohop import ENTITY_CHARS, KnowledgeBase
 from looplm.errors import LoopLMError
 from looplm.evaluate.twohop import Prompts
+from looplm.lens.settings import ARMS
 
-ARMS = ("jlens", "logit", "tuned")
 LENS_FIT_SEED = 2_000_003  # fitting prompts: a seed no training or evaluation batch uses
 
 
@@ -59,7 +59,8 @@ def fit_arms(
 ) -> dict[str, Any]:
     """The lens arms at depth T, fitted on the same ``n_fit`` prompts: ``jlens`` (exact fit),
     ``logit`` (J = I), ``tuned`` (affine per step)."""
-    from looplm.diagnostics.lens import fit_jacobian_lens, fit_tuned_lens, logit_lens
+    from looplm.lens.jacobian import fit_jacobian_lens, logit_lens
+    from looplm.lens.readout import fit_tuned_lens
 
     bad = [a for a in arms if a not in ARMS]
     if bad or "jlens" not in arms:
@@ -93,7 +94,7 @@ def readout_measures(
     rank at the first relation's position (``rank_r1``: where ``A1`` is read, the one-hop prefix
     whose answer is the bridge); and the model's own answer
     correctness at T (``correct``, (N,)). Arrays (T+1, N)."""
-    from looplm.diagnostics.lens import loop_states
+    from looplm.lens.jacobian import loop_states
 
     T = next(iter(arms.values())).loops
     out: dict[str, Any] = {a: {"rank": [], "kl": [], "agree": [], "rank_r1": []} for a in arms}
@@ -167,8 +168,8 @@ def swap_test(
     edit the ``query`` position only, or ``all`` positions of the prompt."""
     if where not in ("query", "all"):
         raise LoopLMError(f"swap positions {where!r}; allowed: query, all")
-    from looplm.diagnostics.lens import loop_states
-    from looplm.diagnostics.lens_interventions import intervene, token_edit
+    from looplm.lens.interventions import intervene, token_edit
+    from looplm.lens.jacobian import loop_states
 
     idx = np.arange(len(p.triples)) if select is None else np.flatnonzero(select)
     triples = [p.triples[i] for i in idx]
@@ -206,7 +207,7 @@ def subspace_overlap(lenses: dict[int, Any], k: int) -> dict[str, Any]:
     """Top-k subspace overlaps of J_t (t = 0 … T−1): the mean over pairs of distinct steps within
     each fit, the same-step overlap of the shallowest fit with each deeper fit, the full matrices,
     and the random-subspace baseline."""
-    from looplm.diagnostics.lens_structure import overlap_matrix, random_overlap
+    from looplm.lens.structure import overlap_matrix, random_overlap
 
     depths = sorted(lenses)
     base = lenses[depths[0]]

@@ -1,0 +1,49 @@
+"""The settings of ``looplm eval``: one checkpoint at several loop depths (the fixed-depth sweep,
+held-out transfer or LAMBADA), read by the command and by :func:`looplm.evaluate.checkpoint.
+evaluate_one` alike (:mod:`looplm.options` makes the command line from it). Light (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looplm.device import DEVICES
+from looplm.errors import LoopLMError, check_positive_int
+from looplm.grid import DEFAULT_DEPTHS
+from looplm.settings import parse_depths, setting
+
+
+@dataclass
+class EvalSettings:
+    """``looplm eval``: which depths, on which data, where the rows go."""
+
+    # loop depths, comma-separated or as ranges (1-48)
+    depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, loops=True, parse=parse_depths)
+    # allow depths above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one
+    max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
+    dataset: str | None = None  # evaluate on another dataset (held-out transfer)
+    split: str | None = None  # evaluation split (default: the run's eval split)
+    data_dir: str | None = None  # folder with local corpora
+    # cap on evaluated tokens (>= 1, checked with the option's name)
+    max_tokens: int | None = setting(None, hi=10**12)
+    # sequences per batch (>= 1; default: the run's eval batch size)
+    batch_size: int | None = setting(None, hi=65_536)
+    device: str = setting("auto", choices=DEVICES)  # auto | cpu | cuda
+    out: str | None = None  # also write the JSON here (atomically)
+    store: str | None = None  # results store (.sqlite) to write one row per depth into
+    tag: str = ""  # evaluation tag (part of the evaluation identity)
+    protocol: str | None = None  # training-protocol name (default: <train dataset>-<steps>)
+    # evaluate LAMBADA completion instead (lambada_test.jsonl or its folder)
+    lambada: str | None = None
+    max_examples: int | None = setting(None, lo=1)  # LAMBADA: evaluate the first N passages only
+
+    def validate(self) -> None:
+        if not self.depths:
+            raise LoopLMError("--depths is empty; give loop depths like 1,2,4 or 1-48")
+        # named as options: the eval settings are the command's (``--batch-size=0``)
+        for flag, value in (("--batch-size", self.batch_size), ("--max-tokens", self.max_tokens)):
+            if value is not None:
+                check_positive_int(flag, value)
+        if self.lambada and (self.dataset or self.split):
+            raise LoopLMError("--lambada evaluates LAMBADA's test split; drop --dataset/--split")
+        if not self.lambada and self.max_examples is not None:
+            raise LoopLMError("--max-examples applies to --lambada; use --max-tokens for corpora")
