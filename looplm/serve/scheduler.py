@@ -3,9 +3,10 @@ arrivals.
 
 A thread owns the model. Requests (:class:`Job`) wait in a bounded FIFO queue; at every token
 boundary the thread (1) ends the sequences whose clients cancelled (a stop string, a client that
-went away, a timeout), (2) samples one token for every running sequence and reports it, (3) lets
-ended sequences leave, (4) admits waiting jobs while fewer than ``slots`` sequences run, (5) runs
-one decoding pass. Sequences with different depth settings (``loops``, halting rule, threshold,
+went away, a timeout), (2) samples one token for every running sequence and reports it, (3) admits
+waiting jobs while fewer than ``slots`` sequences run — each takes an ended sequence's row in
+place, or joins as a new row (the cache grows once per step) — and lets the other ended sequences
+leave, (4) runs one decoding pass. Sequences with different depth settings (``loops``, halting rule, threshold,
 prefill halting) run in separate batches, one :class:`~looplm.batching.Batcher` per setting,
 stepped in turn; ``slots`` bounds them together, so memory is bounded by slots × context.
 
@@ -151,15 +152,16 @@ class Scheduler:
                 self._finish(key, batcher.completions.get(key, Completion(finish="cancelled")))
         for batcher in self._batchers.values():
             batcher.sample()
-        for batcher in self._batchers.values():
-            batcher.refill_or_drop()  # its queue is empty: ended rows leave
-        while self.running < self.slots:
+        while self.running < self.slots:  # arrivals wait in their batch's queue ...
             with self._cond:
                 if not self._pending:
                     break
                 job = self._pending.popleft()
                 self._jobs[job.key] = job
             self._admit(job)
+        for batcher in self._batchers.values():
+            batcher.refill_or_drop()  # ... take ended rows' places, other ended rows leave,
+            batcher.join_queued()  # and the rest join as new rows
         for depth in [d for d, b in self._batchers.items() if not b.rows]:
             del self._batchers[depth]
         for batcher in self._batchers.values():
@@ -184,7 +186,7 @@ class Scheduler:
                 on_token=self._on_token,
             )
             self._batchers[d] = batcher
-        batcher.join(job.key, job.request)
+        batcher.queue.append((job.key, job.request))
 
     def _prompt_logprobs(self, job: Job) -> list[tuple[float, list[tuple[int, float]]]]:
         """(log p(x_i | x_<i), top alternatives) of prompt tokens 1 … L−1 at the full depth
