@@ -47,7 +47,7 @@ from looplm.serve.calls import (
     usage_field,
 )
 from looplm.serve.metrics import Metrics
-from looplm.serve.scheduler import Scheduler
+from looplm.serve.scheduler import Scheduler, call_each
 from looplm.serve.schemas import (
     ApiError,
     ChatRequest,
@@ -344,6 +344,15 @@ def build_app(state: ServerState) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app):
+        loop = asyncio.get_running_loop()
+
+        def deliver(events: list) -> None:  # on the scheduler thread: one wake-up per step
+            try:
+                loop.call_soon_threadsafe(call_each, events)
+            except RuntimeError:  # the event loop is gone (shutdown)
+                pass
+
+        state.scheduler.deliver = deliver
         state.scheduler.start()
         try:
             yield

@@ -43,7 +43,7 @@ class Depth:
 
 @dataclass
 class Job:
-    """One sequence to generate. ``sink(event)`` is called from the scheduler thread with
+    """One sequence to generate. ``sink(event)`` hears (through the scheduler's ``deliver``)
     ``("prompt_logprobs", list)`` (when ``echo_logprobs``), ``("token", id, depth)`` per token,
     then ``("done", Completion)`` — or ``("error", message)``."""
 
@@ -81,6 +81,10 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._next_key = 0
+        self._out: list[tuple[Callable, tuple]] = []  # (sink, event) of this step
+        # hands a step's events over at once (the server: one wake-up of its event loop per
+        # step, not one per token); by default each sink is called on the scheduler thread
+        self.deliver: Callable[[list[tuple[Callable, tuple]]], None] = call_each
 
     # ------------------------------------------------------------------ called from any thread
     def new_key(self) -> int:
@@ -138,13 +142,23 @@ class Scheduler:
             except Exception as exc:  # a fault fails the sequences it touched, not the server
                 log.error("scheduler step failed: %s: %s", type(exc).__name__, exc)
                 self._fail_all(f"internal error while generating ({type(exc).__name__})")
+            self._flush()
         self._fail_all("the server is shutting down")
+        self._flush()
+
+    def _emit(self, job: Job, event: tuple) -> None:
+        self._out.append((job.sink, event))
+
+    def _flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, []
+            self.deliver(out)
 
     def _step(self, cancel: set[int]) -> None:
         with self._cond:  # a job cancelled while it waits never starts
             for job in [j for j in self._pending if j.key in cancel]:
                 self._pending.remove(job)
-                job.sink(("done", Completion(finish="cancelled")))
+                self._emit(job, ("done", Completion(finish="cancelled")))
         for key in cancel:
             job = self._jobs.get(key)
             batcher = self._batchers[job.depth] if job is not None else None
@@ -172,7 +186,7 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.prompt_tokens += len(job.request.ids)
         if job.echo_logprobs is not None:
-            job.sink(("prompt_logprobs", self._prompt_logprobs(job)))
+            self._emit(job, ("prompt_logprobs", self._prompt_logprobs(job)))
         batcher = self._batchers.get(job.depth)
         if batcher is None:
             d = job.depth
@@ -208,7 +222,7 @@ class Scheduler:
         job = self._jobs[key]
         if self.metrics is not None:
             self.metrics.token(depth, job.depth.loops, job.depth.rule)
-        job.sink(("token", token, depth))
+        self._emit(job, ("token", token, depth))
         if out.finish:
             self._finish(key, out)
 
@@ -217,7 +231,7 @@ class Scheduler:
         self._batchers[job.depth].completions.pop(key, None)  # the sink has it; keep no copy
         if out.finish == "cancelled" and self.metrics is not None:
             self.metrics.cancelled += 1
-        job.sink(("done", out))
+        self._emit(job, ("done", out))
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
@@ -226,4 +240,10 @@ class Scheduler:
             self._pending.clear()
         self._batchers.clear()
         for job in jobs:
-            job.sink(("error", message))
+            self._emit(job, ("error", message))
+
+
+def call_each(events: list[tuple[Callable, tuple]]) -> None:
+    """Call each ``sink(event)`` in order."""
+    for sink, event in events:
+        sink(event)
