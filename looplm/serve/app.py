@@ -138,7 +138,8 @@ async def _generate(request: HTTPRequest, state: ServerState, chat: bool) -> Res
         for j in range(req.n):
             seed = samp["seed"] + j
             r = Request(ids, samp["max_new"], samp["temperature"], samp["top_k"], seed, logprobs)
-            choices.append(Choice(len(choices), state.scheduler.new_key(), ids, text, stops))
+            key = state.scheduler.new_key()
+            choices.append(Choice(len(choices), key, ids, text, stops, seed=seed))
             requests.append(r)
     call = Call(
         state, choices, requests, depth, logprobs if echo and logprobs is not None else None
@@ -211,7 +212,7 @@ async def _stream(call: Call, head, kind, chat, usage, n_prompt):
             choice = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}
-        choice["looplm"] = {"tokens": new, "loops": depths}
+        choice["looplm"] = {"tokens": new, "loops": depths, "seed": c.seed}
         return "data: " + json.dumps(dict(head, object=obj, choices=[choice])) + "\n\n"
 
     finished = set()

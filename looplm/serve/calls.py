@@ -6,6 +6,7 @@ arrive, stop strings cut and cancel), and the response's pieces (usage, logprobs
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,7 @@ class Choice:
     sent: int = 0  # characters of ``text`` already streamed
     sent_tokens: int = 0  # tokens already streamed
     finish: str | None = None
+    seed: int = 0  # the seed this sequence was sampled with
     fixed_ids: int = 0  # tokens whose text is settled (ends at a complete character) ...
     fixed_text: str = ""  # ... and that text
 
@@ -227,7 +229,8 @@ def request_sampling(state: ServerState, req) -> dict[str, Any]:
         max_new=max_tokens,
         temperature=float(temperature),
         top_k=top_k,
-        seed=req.seed or 0,
+        # no seed: a fresh one, reported in the answer so that the sample can be repeated
+        seed=secrets.randbelow(2**31) if req.seed is None else req.seed,
         stops=stops,
     )
 
@@ -322,7 +325,7 @@ def chat_prompt(state: ServerState, req: ChatRequest) -> tuple[str, list[str]]:
 
 def depths_field(c: Choice) -> dict[str, Any]:
     mean = sum(c.loops) / len(c.loops) if c.loops else None
-    return {"tokens": c.tokens, "loops": c.loops, "mean_loops": mean}
+    return {"tokens": c.tokens, "loops": c.loops, "mean_loops": mean, "seed": c.seed}
 
 
 def usage_field(call: Call, n_prompt: int, n_new: int) -> dict[str, Any]:
