@@ -229,6 +229,13 @@ async def _stream(call: Call, head, kind, chat, usage, n_prompt):
                 except ApiError as exc:
                     yield "data: " + json.dumps(exc.body()) + "\n\n"
                     break
+                except Exception as exc:  # noqa: BLE001 — one log line and an error event
+                    log.error("stream failed: %s: %s", type(exc).__name__, exc)
+                    err = ApiError(
+                        500, f"internal error ({type(exc).__name__})", type_="server_error"
+                    )
+                    yield "data: " + json.dumps(err.body()) + "\n\n"
+                    break
             c = call.choices[i]
             text = call.stream_delta(c)
             if c.finish is not None and i not in finished:
