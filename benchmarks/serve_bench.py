@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=32, help="requests per measurement (≥ C)")
     p.add_argument("--new", type=int, default=32, help="tokens per request")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--prefill-halt", action="store_true", help="adaptive: prompts halt too")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each server")
     p.add_argument("--data-dir", default=os.environ.get("LOOPLM_DATA_DIR", "../shared/data"))
     p.add_argument("--no-write", action="store_true")
@@ -205,10 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "continuous": start_server(ckpt, 32, T, args.threads),
         "one at a time": start_server(ckpt, 1, T, args.threads),
     }
-    depths = {
-        "fixed": {"halt": "none"},
-        args.halt: {"halt": args.halt, "threshold": args.threshold},
-    }
+    adaptive = {"halt": args.halt, "threshold": args.threshold, "prefill_halt": args.prefill_halt}
+    depths = {"fixed": {"halt": "none"}, args.halt: adaptive}
     configs = [(c, mode, d) for c in args.clients for mode in servers for d in depths]
     results: dict = {cfg_: [] for cfg_ in configs}
     try:
@@ -216,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             measure(url, 1, 2, ps, dict(max_tokens=4, temperature=1.0))
         for r in range(args.rounds):
             for c, mode, d in configs if r % 2 == 0 else configs[::-1]:
-                per = max(1, args.requests // c)
+                per = max(2, args.requests // c)  # ≥ 2 each: the batch reaches a steady state
                 body = dict(max_tokens=args.new, temperature=1.0, **depths[d])
                 results[(c, mode, d)].append(measure(servers[mode][1], c, per, ps, body))
                 print(c, mode, d, round(results[(c, mode, d)][-1]["tps"], 1), file=sys.stderr)
@@ -265,10 +264,12 @@ def render(args, cfg, T, rows, qual, load0, load1, seconds) -> str:
         "",
         f"Model d {m.d_model}, {m.tokenizer} tokenizer, context {m.context}; T = {T}; "
         f"{args.new} sampled tokens per request from 8–64-token prompts; closed-loop clients, "
-        f"{args.requests} requests per measurement; medians of {args.rounds} alternating rounds; "
+        f"max(2, {args.requests} ÷ clients) requests per client; medians of {args.rounds} alternating rounds; "
         f"each server {args.threads} torch thread(s). Load average {load0[0]:.1f} before, "
         f"{load1[0]:.1f} after ({seconds:.0f} s): the machine was shared, so compare ratios. "
-        f"Adaptive: `halt={args.halt}, threshold={args.threshold:g}` as request fields; "
+        f"Adaptive: `halt={args.halt}, threshold={args.threshold:g}"
+        + (", prefill_halt=true" if args.prefill_halt else "")
+        + "` as request fields; "
         f"quality at it: {qual}.",
         "",
         "| clients | batching | depth | loops/token | tokens/s | p50 s | p99 s | adaptive ÷ fixed |"

@@ -17,8 +17,8 @@ again from the last ``context - slide + 1`` tokens), and sampling from the reque
 generator.
 
 The same batch can be driven by arrivals instead of a list (:class:`Batcher`, what
-``looplm serve`` runs): a request joins at the next token boundary (:meth:`Batcher.join`, the
-cache grows by one row), leaves when it ends or is cancelled (:meth:`Batcher.cancel`: a client
+``looplm serve`` runs): a request joins at the next token boundary (it takes an ended row's
+place, or :meth:`Batcher.join_queued` adds a row), leaves when it ends or is cancelled (:meth:`Batcher.cancel`: a client
 that went away frees its slot at the next token), and every token is reported as it is chosen
 (``on_token``). Joining and leaving change no other row's tokens.
 """
@@ -191,7 +191,8 @@ class Batcher:
 
     :func:`generate_many` fills ``queue`` from a list; a server calls, at every token boundary,
     :meth:`sample` (one token per row; ``on_token(key, token, depth, completion)`` hears each),
-    :meth:`refill_or_drop` (ended rows leave), :meth:`join` for arrivals,
+    :meth:`refill_or_drop` (arrivals put in ``queue`` take ended rows' places, the other ended
+    rows leave), :meth:`join_queued` (the remaining arrivals join as new rows),
     :meth:`slide_full_windows` and :meth:`decode`. The model is validated by the caller
     (:func:`generate_many` does it)."""
 
@@ -286,14 +287,19 @@ class Batcher:
         if self.bar is not None:
             self.bar.update(row.request.max_new - len(row.out.tokens))
 
-    def join(self, key: object, request: Request) -> None:
-        """``request`` joins the running batch now: a new row, prefilled alone (its first token
-        is sampled at the next :meth:`sample`)."""
-        row = _Row(key, request)
-        self.rows.append(row)
-        self.cache.add_row()
-        self.logits = torch.cat([self.logits, self.logits.new_empty(1, self.logits.shape[1])])
-        self.prefill(len(self.rows) - 1, self.context)
+    def join_queued(self) -> None:
+        """Every request in ``queue`` joins the running batch now: new rows (the cache grows once
+        for all of them), each prefilled alone (its first token is sampled at the next
+        :meth:`sample`). Call after :meth:`refill_or_drop`, which refills ended rows in place."""
+        n = len(self.queue)
+        if not n:
+            return
+        first = len(self.rows)
+        self.rows += [_Row(*self.queue.popleft()) for _ in range(n)]
+        self.cache.add_rows(n)
+        self.logits = torch.cat([self.logits, self.logits.new_empty(n, self.logits.shape[1])])
+        for b in range(first, first + n):
+            self.prefill(b, self.context)
 
     def cancel(self, key: object) -> bool:
         """End the sequence ``key`` (its row leaves at the next :meth:`refill_or_drop`; a queued

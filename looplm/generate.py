@@ -274,19 +274,20 @@ class RaggedKVCache(KVCache):
         self._length = self._length[rows.to(self._length.device)]
         self.rows = None
 
-    def add_row(self) -> int:
-        """One more, empty row after the others (a sequence joining a running batch); returns
-        its index. The buffers grow by one row: memory stays rows × capacity."""
+    def add_rows(self, n: int) -> None:
+        """``n`` more, empty rows after the others (sequences joining a running batch). The
+        buffers grow by ``n`` rows in one copy: memory stays rows × capacity."""
+        if n <= 0:
+            return
         self.buffers = [
             (
-                torch.cat([k, k.new_zeros(1, *k.shape[1:])]),
-                torch.cat([v, v.new_zeros(1, *v.shape[1:])]),
+                torch.cat([k, k.new_zeros(n, *k.shape[1:])]),
+                torch.cat([v, v.new_zeros(n, *v.shape[1:])]),
             )
             for k, v in self.buffers
         ]
-        self._length = torch.cat([self._length, self._length.new_zeros(1)])
+        self._length = torch.cat([self._length, self._length.new_zeros(n)])
         self.rows = None
-        return self.n_rows - 1
 
 
 def _require_cacheable(model: nn.Module) -> None:

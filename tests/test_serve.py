@@ -251,7 +251,12 @@ def test_n_and_prompt_lists_fan_out_into_independent_sequences(tiny, server) -> 
         for c in choices:  # choice j of a prompt is sampled with seed + j
             p, j = divmod(c["index"], 2)
             want, _ = alone(model, tok, prompts[p], 5, temp=1.0, seed=11 + j)
-            assert c["looplm"]["tokens"] == want
+            assert c["looplm"]["tokens"] == want and c["looplm"]["seed"] == 11 + j
+    # without a seed each request draws one and reports it: the answer can be repeated
+    body = dict(prompt="ab", max_tokens=6, temperature=1.0)
+    c = requests.post(url + "/v1/completions", json=body, timeout=30).json()["choices"][0]
+    want, _ = alone(model, tok, "ab", 6, temp=1.0, seed=c["looplm"]["seed"])
+    assert c["looplm"]["tokens"] == want
 
 
 # ============================================================================ faults
@@ -338,6 +343,23 @@ def test_a_full_queue_answers_429_and_a_client_gone_frees_its_slot(tiny) -> None
         metrics = requests.get(url + "/metrics", timeout=30).text
         assert _metric(metrics, "looplm_rejected_total") == 1
         assert _metric(metrics, "looplm_cancelled_total") >= 1
+
+
+def test_a_client_that_hangs_up_before_its_answer_frees_its_slot(tiny) -> None:
+    import socket
+
+    with serving(tiny, slots=2, max_tokens_limit=100000) as (state, url):
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps(dict(prompt="a", max_tokens=100000, temperature=0)).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(head + body)
+            _wait(lambda: state.scheduler.running == 1)  # not streaming: it waits for the end
+        _wait(lambda: state.scheduler.running == 0)  # hung up: the slot is freed
+        assert state.metrics.cancelled == 1
 
 
 def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(tiny) -> None:

@@ -47,7 +47,7 @@ from looplm.serve.calls import (
     usage_field,
 )
 from looplm.serve.metrics import Metrics
-from looplm.serve.scheduler import Scheduler
+from looplm.serve.scheduler import Scheduler, call_each
 from looplm.serve.schemas import (
     ApiError,
     ChatRequest,
@@ -138,7 +138,8 @@ async def _generate(request: HTTPRequest, state: ServerState, chat: bool) -> Res
         for j in range(req.n):
             seed = samp["seed"] + j
             r = Request(ids, samp["max_new"], samp["temperature"], samp["top_k"], seed, logprobs)
-            choices.append(Choice(len(choices), state.scheduler.new_key(), ids, text, stops))
+            key = state.scheduler.new_key()
+            choices.append(Choice(len(choices), key, ids, text, stops, seed=seed))
             requests.append(r)
     call = Call(
         state, choices, requests, depth, logprobs if echo and logprobs is not None else None
@@ -211,7 +212,7 @@ async def _stream(call: Call, head, kind, chat, usage, n_prompt):
             choice = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}
-        choice["looplm"] = {"tokens": new, "loops": depths}
+        choice["looplm"] = {"tokens": new, "loops": depths, "seed": c.seed}
         return "data: " + json.dumps(dict(head, object=obj, choices=[choice])) + "\n\n"
 
     finished = set()
@@ -227,6 +228,13 @@ async def _stream(call: Call, head, kind, chat, usage, n_prompt):
                     i = await call.next()
                 except ApiError as exc:
                     yield "data: " + json.dumps(exc.body()) + "\n\n"
+                    break
+                except Exception as exc:  # noqa: BLE001 — one log line and an error event
+                    log.error("stream failed: %s: %s", type(exc).__name__, exc)
+                    err = ApiError(
+                        500, f"internal error ({type(exc).__name__})", type_="server_error"
+                    )
+                    yield "data: " + json.dumps(err.body()) + "\n\n"
                     break
             c = call.choices[i]
             text = call.stream_delta(c)
@@ -344,6 +352,15 @@ def build_app(state: ServerState) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app):
+        loop = asyncio.get_running_loop()
+
+        def deliver(events: list) -> None:  # on the scheduler thread: one wake-up per step
+            try:
+                loop.call_soon_threadsafe(call_each, events)
+            except RuntimeError:  # the event loop is gone (shutdown)
+                pass
+
+        state.scheduler.deliver = deliver
         state.scheduler.start()
         try:
             yield

@@ -6,6 +6,7 @@ arrive, stop strings cut and cancel), and the response's pieces (usage, logprobs
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,9 @@ class Choice:
     sent: int = 0  # characters of ``text`` already streamed
     sent_tokens: int = 0  # tokens already streamed
     finish: str | None = None
+    seed: int = 0  # the seed this sequence was sampled with
+    fixed_ids: int = 0  # tokens whose text is settled (ends at a complete character) ...
+    fixed_text: str = ""  # ... and that text
 
 
 class Call:
@@ -80,7 +84,6 @@ class Call:
         echo_logprobs: int | None,
     ) -> None:
         self.state, self.choices = state, choices
-        self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.deadline = time.monotonic() + state.settings.request_timeout
         self.jobs = [
@@ -91,11 +94,8 @@ class Call:
         self.max_stop = max((len(s) for c in choices for s in c.stops), default=0)
 
     def _sink(self, i: int):
-        def put(event: tuple) -> None:  # called on the scheduler thread
-            try:
-                self.loop.call_soon_threadsafe(self.events.put_nowait, (i, event))
-            except RuntimeError:  # the event loop is gone (shutdown)
-                pass
+        def put(event: tuple) -> None:  # on the event loop (the app's deliver, below)
+            self.events.put_nowait((i, event))
 
         return put
 
@@ -149,17 +149,22 @@ class Call:
             c.logprobs, c.top = out.logprobs[:n], out.top_logprobs[:n]
             if c.finish is None:
                 c.finish = "stop" if out.finish in ("stop", "cancelled") else "length"
-                self._update_text(c, final=True)
+                self._update_text(c)
         elif kind == "error":
             self.cancel_unfinished()
             raise ApiError(500, event[1], type_="server_error")
         return i
 
-    def _update_text(self, c: Choice, final: bool = False) -> None:
+    def _update_text(self, c: Choice) -> None:
+        """``c.text`` after a new token: only the tokens since the last complete character are
+        decoded (a byte-level tokenizer's text splits there), so a token costs O(1), not O(n)."""
         ids = c.tokens[:-1] if c.tokens and c.tokens[-1] == self.eot else c.tokens
-        text = self.state.tokenizer.decode(ids)
+        tail = self.state.tokenizer.decode(ids[c.fixed_ids :])
+        text = c.fixed_text + tail
+        if not tail.endswith("\ufffd"):
+            c.fixed_ids, c.fixed_text = len(ids), text
         for s in c.stops:
-            at = text.find(s)
+            at = text.find(s, max(0, len(c.text) - len(s) - 4))  # 4: a character completed
             if at >= 0:
                 text = text[:at]
                 if c.finish is None:
@@ -224,7 +229,8 @@ def request_sampling(state: ServerState, req) -> dict[str, Any]:
         max_new=max_tokens,
         temperature=float(temperature),
         top_k=top_k,
-        seed=req.seed or 0,
+        # no seed: a fresh one, reported in the answer so that the sample can be repeated
+        seed=secrets.randbelow(2**31) if req.seed is None else req.seed,
         stops=stops,
     )
 
@@ -319,7 +325,7 @@ def chat_prompt(state: ServerState, req: ChatRequest) -> tuple[str, list[str]]:
 
 def depths_field(c: Choice) -> dict[str, Any]:
     mean = sum(c.loops) / len(c.loops) if c.loops else None
-    return {"tokens": c.tokens, "loops": c.loops, "mean_loops": mean}
+    return {"tokens": c.tokens, "loops": c.loops, "mean_loops": mean, "seed": c.seed}
 
 
 def usage_field(call: Call, n_prompt: int, n_new: int) -> dict[str, Any]:

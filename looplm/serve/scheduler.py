@@ -3,9 +3,10 @@ arrivals.
 
 A thread owns the model. Requests (:class:`Job`) wait in a bounded FIFO queue; at every token
 boundary the thread (1) ends the sequences whose clients cancelled (a stop string, a client that
-went away, a timeout), (2) samples one token for every running sequence and reports it, (3) lets
-ended sequences leave, (4) admits waiting jobs while fewer than ``slots`` sequences run, (5) runs
-one decoding pass. Sequences with different depth settings (``loops``, halting rule, threshold,
+went away, a timeout), (2) samples one token for every running sequence and reports it, (3) admits
+waiting jobs while fewer than ``slots`` sequences run — each takes an ended sequence's row in
+place, or joins as a new row (the cache grows once per step) — and lets the other ended sequences
+leave, (4) runs one decoding pass. Sequences with different depth settings (``loops``, halting rule, threshold,
 prefill halting) run in separate batches, one :class:`~looplm.batching.Batcher` per setting,
 stepped in turn; ``slots`` bounds them together, so memory is bounded by slots × context.
 
@@ -42,7 +43,7 @@ class Depth:
 
 @dataclass
 class Job:
-    """One sequence to generate. ``sink(event)`` is called from the scheduler thread with
+    """One sequence to generate. ``sink(event)`` hears (through the scheduler's ``deliver``)
     ``("prompt_logprobs", list)`` (when ``echo_logprobs``), ``("token", id, depth)`` per token,
     then ``("done", Completion)`` — or ``("error", message)``."""
 
@@ -80,6 +81,10 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._next_key = 0
+        self._out: list[tuple[Callable, tuple]] = []  # (sink, event) of this step
+        # hands a step's events over at once (the server: one wake-up of its event loop per
+        # step, not one per token); by default each sink is called on the scheduler thread
+        self.deliver: Callable[[list[tuple[Callable, tuple]]], None] = call_each
 
     # ------------------------------------------------------------------ called from any thread
     def new_key(self) -> int:
@@ -137,13 +142,23 @@ class Scheduler:
             except Exception as exc:  # a fault fails the sequences it touched, not the server
                 log.error("scheduler step failed: %s: %s", type(exc).__name__, exc)
                 self._fail_all(f"internal error while generating ({type(exc).__name__})")
+            self._flush()
         self._fail_all("the server is shutting down")
+        self._flush()
+
+    def _emit(self, job: Job, event: tuple) -> None:
+        self._out.append((job.sink, event))
+
+    def _flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, []
+            self.deliver(out)
 
     def _step(self, cancel: set[int]) -> None:
         with self._cond:  # a job cancelled while it waits never starts
             for job in [j for j in self._pending if j.key in cancel]:
                 self._pending.remove(job)
-                job.sink(("done", Completion(finish="cancelled")))
+                self._emit(job, ("done", Completion(finish="cancelled")))
         for key in cancel:
             job = self._jobs.get(key)
             batcher = self._batchers[job.depth] if job is not None else None
@@ -151,15 +166,16 @@ class Scheduler:
                 self._finish(key, batcher.completions.get(key, Completion(finish="cancelled")))
         for batcher in self._batchers.values():
             batcher.sample()
-        for batcher in self._batchers.values():
-            batcher.refill_or_drop()  # its queue is empty: ended rows leave
-        while self.running < self.slots:
+        while self.running < self.slots:  # arrivals wait in their batch's queue ...
             with self._cond:
                 if not self._pending:
                     break
                 job = self._pending.popleft()
                 self._jobs[job.key] = job
             self._admit(job)
+        for batcher in self._batchers.values():
+            batcher.refill_or_drop()  # ... take ended rows' places, other ended rows leave,
+            batcher.join_queued()  # and the rest join as new rows
         for depth in [d for d, b in self._batchers.items() if not b.rows]:
             del self._batchers[depth]
         for batcher in self._batchers.values():
@@ -170,7 +186,7 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.prompt_tokens += len(job.request.ids)
         if job.echo_logprobs is not None:
-            job.sink(("prompt_logprobs", self._prompt_logprobs(job)))
+            self._emit(job, ("prompt_logprobs", self._prompt_logprobs(job)))
         batcher = self._batchers.get(job.depth)
         if batcher is None:
             d = job.depth
@@ -184,7 +200,7 @@ class Scheduler:
                 on_token=self._on_token,
             )
             self._batchers[d] = batcher
-        batcher.join(job.key, job.request)
+        batcher.queue.append((job.key, job.request))
 
     def _prompt_logprobs(self, job: Job) -> list[tuple[float, list[tuple[int, float]]]]:
         """(log p(x_i | x_<i), top alternatives) of prompt tokens 1 … L−1 at the full depth
@@ -206,7 +222,7 @@ class Scheduler:
         job = self._jobs[key]
         if self.metrics is not None:
             self.metrics.token(depth, job.depth.loops, job.depth.rule)
-        job.sink(("token", token, depth))
+        self._emit(job, ("token", token, depth))
         if out.finish:
             self._finish(key, out)
 
@@ -215,7 +231,7 @@ class Scheduler:
         self._batchers[job.depth].completions.pop(key, None)  # the sink has it; keep no copy
         if out.finish == "cancelled" and self.metrics is not None:
             self.metrics.cancelled += 1
-        job.sink(("done", out))
+        self._emit(job, ("done", out))
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
@@ -224,4 +240,10 @@ class Scheduler:
             self._pending.clear()
         self._batchers.clear()
         for job in jobs:
-            job.sink(("error", message))
+            self._emit(job, ("error", message))
+
+
+def call_each(events: list[tuple[Callable, tuple]]) -> None:
+    """Call each ``sink(event)`` in order."""
+    for sink, event in events:
+        sink(event)
