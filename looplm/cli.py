@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "looplm.commands.data",
     "looplm.commands.methods",
     "looplm.commands.report",
+    "looplm.commands.results",
     "looplm.commands.adaptive",
     "looplm.commands.sweep",
     "looplm.commands.paper",
