@@ -30,10 +30,25 @@ def _records() -> list[EvalRecord]:
             "steering": {"ray_cosine": {"min": 0.1}, "anchor_distance_per_step": [1.0]},
             "mean_depth": float("nan")}  # fmt: skip
     return [
-        EvalRecord(method="scse", depth=8, seed=1, dataset="d", split="test", n_tokens=100,
-                   sum_nll=123.456789012345678, extra={"kind": "fixed"}),  # fmt: skip
-        EvalRecord(method="scse", depth=4, seed=0, eval_tag="diagnostics", n_tokens=10,
-                   sum_nll=1 / 3, extra=diag),  # fmt: skip
+        EvalRecord(
+            method="scse",
+            depth=8,
+            seed=1,
+            dataset="d",
+            split="test",
+            n_tokens=100,
+            sum_nll=123.456789012345678,
+            extra={"kind": "fixed"},
+        ),
+        EvalRecord(
+            method="scse",
+            depth=4,
+            seed=0,
+            eval_tag="diagnostics",
+            n_tokens=10,
+            sum_nll=1 / 3,
+            extra=diag,
+        ),
         EvalRecord(method="looped", depth=8, seed=0, n_tokens=100, sum_nll=250.0),
     ]
 

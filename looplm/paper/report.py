@@ -386,8 +386,15 @@ def paper_report(
         dd = data_dir or _default_data_dir()
         parts += [
             "",
-            entry_report(e, full=full, data_dir=dd, figures_dir=figures_dir, link_base=link_base,
-                         data=data, draw=draw),  # fmt: skip
+            entry_report(
+                e,
+                full=full,
+                data_dir=dd,
+                figures_dir=figures_dir,
+                link_base=link_base,
+                data=data,
+                draw=draw,
+            ),
         ]
     return "\n".join(parts) + "\n"
 
