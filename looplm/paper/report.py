@@ -310,6 +310,23 @@ def entry_report(
     return "\n".join(lines)
 
 
+def entry_verdicts(
+    entry: Entry,
+    *,
+    full: bool = False,
+    data_dir: str | None = None,
+    data: str | os.PathLike | None = None,
+) -> list[tuple[dict[str, Any], Any]]:
+    """``(claim, Verdict)`` of every claim of ``entry``, computed from its grid's store (or with
+    ``data`` its export in that folder), as the report prints them."""
+    from looplm.paper.verdicts import claim_verdict
+
+    if not entry.claims:
+        return []
+    m = _Measured(entry.experiment(full=full, data_dir=data_dir), full, data)
+    return [(c, claim_verdict(c, m)) for c in entry.claims]
+
+
 def model_description(cfg: Any) -> str:
     """What a measured row was measured on: tokenizer, width, parameters, training steps and
     tokens seen (``bytes d128 345k params, 600 steps, 614k tokens``)."""
