@@ -467,12 +467,7 @@ def diagnostics_figures(
     span more than one tier, labels carry the tier, ``r_t_by_scale.png`` (Figure 5 by scale,
     mean over seeds) is drawn, and the per-checkpoint figures keep each tier and method's lowest
     seed so that they stay readable. ``draw=False``: only the paths they would have."""
-    from looplm.diagnostics.plots import (
-        plot_anchor_steps,
-        plot_convergence,
-        plot_rt_bars,
-        plot_rt_by_scale,
-    )
+    from looplm.diagnostics import plots
 
     tier_of = functools.partial(_record_tier, tiers or {})
     order = {label: i for i, label in enumerate(dict.fromkeys((tiers or {}).values()))}
@@ -484,13 +479,14 @@ def diagnostics_figures(
         return []
     out = Path(out_dir)
     scaled = len({tier_of(r) for r in rows}) > 1
-    names = ["r_t.png", "anchor_steps.png", "convergence.png"]
+    drawn = (("r_t.png", plots.plot_rt_bars), ("anchor_steps.png", plots.plot_anchor_steps),
+             ("convergence.png", plots.plot_convergence))  # fmt: skip
     if not draw:
-        return [out / n for n in (["r_t_by_scale.png"] if scaled else []) + names]
+        return [out / n for n in ["r_t_by_scale.png"] * scaled + [n for n, _ in drawn]]
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     if scaled:
-        plot_rt_by_scale(_scale_groups(rows, tier_of), out / "r_t_by_scale.png")
+        plots.plot_rt_by_scale(_scale_groups(rows, tier_of), out / "r_t_by_scale.png")
         paths.append(out / "r_t_by_scale.png")
         first: dict[tuple[str, str], Any] = {}
         for r in rows:
@@ -507,11 +503,7 @@ def diagnostics_figures(
         }
         for r in rows
     ]
-    for name, fn in (
-        ("r_t.png", plot_rt_bars),
-        ("anchor_steps.png", plot_anchor_steps),
-        ("convergence.png", plot_convergence),
-    ):
+    for name, fn in drawn:
         fn(results, out / name)
         paths.append(out / name)
     return paths

@@ -45,30 +45,19 @@ from typing import Any
 
 from looplm.errors import LoopLMError
 from looplm.paper.metrics import seed_values
+from looplm.results.vocabulary import (  # noqa: F401  (the vocabulary, re-exported)
+    BY_CONSTRUCTION,
+    IN_DIRECTION,
+    NOT_REPRODUCED,
+    NOT_RUN,
+    NOT_TESTABLE,
+    ORDER,
+    REPRODUCED,
+    VERDICTS,
+    weakest,
+)
 
-REPRODUCED = "reproduced"
-IN_DIRECTION = "reproduced in direction"
-BY_CONSTRUCTION = "holds by construction"
-NOT_REPRODUCED = "not reproduced"
-NOT_TESTABLE = "not testable at this scale"
-NOT_RUN = "not yet run"
-
-# Each verdict word and the criterion it needs (printed with the report).
-VERDICTS: dict[str, str] = {
-    REPRODUCED: "the claimed sign holds at every named point and rival with the paired 95% "
-    "t-interval over seeds excluding 0 (at least 2 seeds)",
-    IN_DIRECTION: "the mean has the claimed sign at every named point and rival, but the 95% "
-    "t-interval includes 0 at one or more",
-    BY_CONSTRUCTION: "the quantity equals the claimed value exactly in every seed because the "
-    "method's equations force it: a check of the implementation, not a reproduction",
-    NOT_REPRODUCED: "the mean has the opposite sign (or the fixed quantity is not exactly the "
-    "claimed value) at one or more named points",
-    NOT_TESTABLE: "this grid cannot measure the claim (the reason is stated), or fewer than 2 "
-    "seeds were measured",
-    NOT_RUN: "a named point has no stored rows yet",
-}
-# When parts disagree, the claim takes the weakest part's word, in this order.
-_ORDER = (NOT_RUN, NOT_TESTABLE, NOT_REPRODUCED, IN_DIRECTION, BY_CONSTRUCTION, REPRODUCED)
+_ORDER = ORDER
 TESTS = ("ordering", "threshold", "construction", "untestable")
 CLAIM_KEYS = {"text", "test", "method", "methods", "than", "depths", "budgets", "steps",
               "thresholds", "from_depth", "from_step", "scale", "metric", "better", "op", "value",
@@ -186,7 +175,7 @@ def _judge(values: list[float], sign: int) -> tuple[str, str]:
 
 
 def _combine(words: list[str]) -> str:
-    return min(words, key=_ORDER.index) if words else NOT_RUN
+    return weakest(words)
 
 
 def claim_verdict(claim: dict[str, Any], m: Any) -> Verdict:
