@@ -233,8 +233,9 @@ def test_criteria_follow_the_preregistered_rules(tmp_path) -> None:
     assert [f[k]["verdict"] for k in ("band", "overlap", "swap")] == [V.REPRODUCED] * 3
     assert f["verdict"] == V.REPRODUCED and f["criteria_met"] == [1, 2, 3]
     table = findings_table({"m": f})
-    assert "| **reproduced** |" in table and "[95% percentile bootstrap interval over prompts]" in (
-        table
+    assert (
+        "| **reproduced** (criteria met: 1, 2, 3) |" in table
+        and "[95% percentile bootstrap interval over prompts]" in (table)
     )
     assert "partly" not in table and "95% CI" not in table
     # one winning step is no band; an overlap at the baseline fails

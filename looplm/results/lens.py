@@ -315,7 +315,9 @@ def findings_table(findings: dict[str, Any]) -> str:
             )
         else:
             sw = f"**{f['swap']['verdict']}**"
-        lines.append(f"| {m} | {acc} | {band} | {ov_txt} | {sw} | **{f['verdict']}** |")
+        met = ", ".join(str(i) for i in f["criteria_met"]) or "none"
+        verdict = f"**{f['verdict']}** (criteria met: {met})"
+        lines.append(f"| {m} | {acc} | {band} | {ov_txt} | {sw} | {verdict} |")
     lines += ["", f"Intervals: {INTERVAL}. Words, per criterion:", ""]
     lines += [f"- **{w}**: {c}" for w, c in LENS_VERDICTS.items()]
     return "\n".join(lines)
