@@ -3,7 +3,7 @@
     looplm paper                          # catalogue: config, needs, cost (2 CPU cores / H200), status
     looplm paper run table02 [--full]     # train + evaluate its grid (looplm sweep; resumable)
     looplm paper run table02 --dry-run    # list the grid's runs
-    looplm paper report [--full] [--out FILE] [ENTRY …]   # paper values beside measured ones
+    looplm paper report [--full] [--out FILE] [--data DIR] [ENTRY …]   # paper values beside measured
 
 Each entry is ``configs/paper/<entry>.yaml`` (see :mod:`looplm.paper`); ``--full`` is the
 paper's protocol, the default its CPU analogue. Tables that reuse a shared grid read its runs and
@@ -42,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument(
         "--out", help="also write the Markdown to this file (diagnostics figures beside it)"
     )
+    rep.add_argument(
+        "--data",
+        help="read each grid's rows from its committed export in this folder "
+        "(<folder>/<grid>.jsonl, see `looplm results export`) instead of its run folder",
+    )
     p.set_defaults(func=run)
 
 
@@ -74,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             figures_dir=figures,
             link_base=Path(args.out).parent if args.out else None,
+            data=args.data,
         )
         if args.out:
             atomic_write_text(args.out, text)

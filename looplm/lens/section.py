@@ -13,6 +13,11 @@ judges, per method over its seeds:
    pre-registered band, query position) has a 95% bootstrap interval above zero (per prompt over
    the seeds it was swapped in).
 
+Every interval is a 95% percentile bootstrap interval over prompts (:data:`INTERVAL`). Each
+criterion gets a word of the verdict vocabulary (:mod:`looplm.results.vocabulary`) by the rule of
+:data:`LENS_VERDICTS` (the criteria stay as pre-registered; only the words are shared), and a
+family takes its weakest criterion's word, as a paper claim over several points does.
+
 :func:`lens_figures` draws the bridge rank, fidelity, overlap and swap figures.
 """
 
@@ -30,8 +35,22 @@ from looplm.errors import LoopLMError
 from looplm.results.sections import ReportSection, register_section
 from looplm.results.stats import paired_bootstrap_ci
 from looplm.results.store import EvalRecord, ResultsStore, group_by
+from looplm.results.vocabulary import IN_DIRECTION, NOT_REPRODUCED, NOT_RUN, REPRODUCED, weakest
 
 SUMMARY = "lens:summary"
+INTERVAL = "95% percentile bootstrap interval over prompts (per-prompt values averaged over seeds)"
+# The verdict words for one pre-registered criterion (1 band, 2 overlap, 3 swap).
+LENS_VERDICTS: dict[str, str] = {
+    REPRODUCED: "the criterion holds as pre-registered: (1) at least 2 consecutive steps whose "
+    "interval of the KL gain lies above 0; (2) every seed's overlaps above the random 95th "
+    "percentile; (3) the swap effect's interval above 0",
+    IN_DIRECTION: "the means are on the criterion's side but it does not hold as pre-registered: "
+    "(1) at least 2 consecutive steps with a positive mean KL gain; (2) the seed-mean overlaps "
+    "above the percentile, not every seed's; (3) a positive mean swap effect",
+    NOT_REPRODUCED: "not even the means are on the criterion's side",
+    NOT_RUN: "the criterion has no rows",
+}
+CRITERIA = ("band", "overlap", "swap")
 
 
 def _step(split: str) -> tuple[str, int] | None:
@@ -142,8 +161,9 @@ def _method_findings(rows: list[EvalRecord], n_boot: int) -> dict[str, Any]:
     res["band"] = _band_criterion(steps, T, seeds, n_boot)
     res["overlap"] = _overlap_criterion(summ, T, deep, seeds)
     res["swap"] = _swap_criterion([summ[(T, s)] for s in seeds if (T, s) in summ], n_boot)
-    n = sum(bool(res[k]["holds"]) for k in ("band", "overlap", "swap"))
-    res["verdict"] = "survives" if n == 3 else ("partly" if n else "not found")
+    # the family's word: its weakest criterion's (the combination rule of paper claims)
+    res["verdict"] = weakest([res[k]["verdict"] for k in CRITERIA])
+    res["criteria_met"] = [i for i, k in enumerate(CRITERIA, 1) if res[k]["holds"]]
     res["wall_s"] = float(sum(summ[k].get("wall_s", 0.0) for k in summ))
     return res
 
@@ -184,7 +204,18 @@ def _band_criterion(steps: dict, T: int, seeds: list[int], n_boot: int) -> dict[
         per_step.append(row)
     winning = [r["t"] for r in per_step if r["kl_gain"]["lo"] > 0]
     runs = [r for r in _runs(winning) if len(r) >= 2]
-    return {"steps": winning, "bands": runs, "holds": bool(runs), "per_step": per_step}
+    leaning = [r for r in _runs([r["t"] for r in per_step if r["kl_gain"]["mean"] > 0])
+               if len(r) >= 2]  # fmt: skip
+    word = _word(bool(per_step), bool(runs), bool(leaning))
+    return {"steps": winning, "bands": runs, "holds": bool(runs), "per_step": per_step,
+            "verdict": word}  # fmt: skip
+
+
+def _word(measured: bool, holds: bool, leans: bool) -> str:
+    """A criterion's word of :data:`LENS_VERDICTS`."""
+    if not measured:
+        return NOT_RUN
+    return REPRODUCED if holds else (IN_DIRECTION if leans else NOT_REPRODUCED)
 
 
 def _overlap_criterion(summ: dict, T: int, deep: int, seeds: list[int]) -> dict[str, Any]:
@@ -216,6 +247,12 @@ def _overlap_criterion(summ: dict, T: int, deep: int, seeds: list[int]) -> dict[
         ov["per_seed"][s] = seed_row
     ov["holds"] = holds
     ov["extrapolated"] = deep > T
+    # in direction: the seed means of every judged overlap above the seed-mean percentile
+    rows = list(ov["per_seed"].values())
+    keys = ("within_T", "within_deep", "same_step") if deep > T else ("within_T",)
+    means = [np.mean([r.get(k, math.nan) for r in rows]) for k in keys] if rows else []
+    p95 = np.mean([r["p95"] for r in rows]) if rows else math.nan
+    ov["verdict"] = _word(bool(rows), holds, bool(means) and all(m > p95 for m in means))
     return ov
 
 
@@ -232,14 +269,17 @@ def _swap_criterion(sums: list[dict[str, Any]], n_boot: int) -> dict[str, Any]:
     }
     main = swap["jlens"]
     swap["holds"] = bool(main and main["effect"]["lo"] > 0)
+    swap["verdict"] = _word(bool(main), swap["holds"], bool(main and main["effect"]["mean"] > 0))
     return swap
 
 
 def findings_table(findings: dict[str, Any]) -> str:
-    """A Markdown table: per method the criteria, their key numbers and the verdict."""
+    """A Markdown table: per method each criterion's word and key numbers, and the family's
+    verdict (its weakest criterion's word), followed by the rule behind the words."""
     lines = [
-        "| method | two-hop acc. (trained / held-out) | 1. J-lens band (steps, KL gain) | "
-        "2. overlap T / deep / same-step vs p95 | 3. swap success − control [95% CI] | verdict |",
+        "| method | two-hop acc. (trained / held-out) | 1. J-lens band (steps, mean KL gain) | "
+        "2. overlap T / deep / same-step vs p95 (seed means) | 3. swap success − control "
+        "[95% percentile bootstrap interval over prompts] | verdict (weakest criterion) |",
         "|---|---|---|---|---|---|",
     ]
     for m, f in findings.items():
@@ -250,7 +290,7 @@ def findings_table(findings: dict[str, Any]) -> str:
             band = ", ".join(f"{t} ({gains[t]:+.3g})" for t in b["steps"])
         else:
             band = "none"
-        band = f"{'yes' if b['holds'] else 'no'}: {band}"
+        band = f"**{b['verdict']}**: {band}"
         ov = f["overlap"]
         vals = list(ov["per_seed"].values())
         if vals:
@@ -265,17 +305,21 @@ def findings_table(findings: dict[str, Any]) -> str:
             txt += f" vs {vals[0]['p95']:.2f}"
         else:
             txt = "–"
-        ov_txt = f"{'yes' if ov['holds'] else 'no'}: {txt}"
+        ov_txt = f"**{ov['verdict']}**: {txt}"
         s = f["swap"]["jlens"]
         if s:
             e = s["effect"]
             sw = (
-                f"{'yes' if f['swap']['holds'] else 'no'}: {100 * s['success']:.1f}% − "
+                f"**{f['swap']['verdict']}**: {100 * s['success']:.1f}% − "
                 f"{100 * s['control']:.1f}% [{100 * e['lo']:+.1f}, {100 * e['hi']:+.1f}]"
             )
         else:
-            sw = "–"
-        lines.append(f"| {m} | {acc} | {band} | {ov_txt} | {sw} | {f['verdict']} |")
+            sw = f"**{f['swap']['verdict']}**"
+        met = ", ".join(str(i) for i in f["criteria_met"]) or "none"
+        verdict = f"**{f['verdict']}** (criteria met: {met})"
+        lines.append(f"| {m} | {acc} | {band} | {ov_txt} | {sw} | {verdict} |")
+    lines += ["", f"Intervals: {INTERVAL}. Words, per criterion:", ""]
+    lines += [f"- **{w}**: {c}" for w, c in LENS_VERDICTS.items()]
     return "\n".join(lines)
 
 

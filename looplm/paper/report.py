@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from looplm.paper.entries import TIERS, Entry, _default_data_dir, catalogue
+from looplm.paper.entries import CONFIG_DIR, TIERS, Entry, _default_data_dir, catalogue
 from looplm.paper.metrics import diagnostic_value
 
 
@@ -26,15 +26,25 @@ def _mean_std(vals: list[float]) -> tuple[float | None, float | None, int]:
 class _Measured:
     """Store rows of one experiment, indexed for the ``reported`` metrics."""
 
-    def __init__(self, exp: Any, full: bool) -> None:
+    def __init__(self, exp: Any, full: bool, data: str | os.PathLike | None = None) -> None:
         from looplm.evaluate.records import eval_tag
+        from looplm.results.export import data_file, read_export
         from looplm.results.store import ResultsStore
 
         self.exp, self.full = exp, full
         self.records = []
-        if exp.store.is_file():
-            with ResultsStore(exp.store) as store:
-                self.records = store.query()
+        if data is None:  # the grid's own results store
+            self.source = f"store {exp.store}"
+            if exp.store.is_file():
+                with ResultsStore(exp.store, read_only=True) as store:
+                    self.records = store.query()
+        else:  # its export in the data folder (looplm.results.export)
+            path = data_file(data, exp.store)
+            self.source = f"data {_shown(path)} (export of {exp.store})"
+            if path.is_file():
+                self.records = read_export(path)
+            else:
+                self.source += ", not committed yet"
         ev = exp.evaluate
         self.fixed_tag = eval_tag(ev.get("tag", ""), max_tokens=ev.get("max_tokens"))
         self.split = ev.get("split", "test")
@@ -77,12 +87,19 @@ class _Measured:
         return {s: r.ppl for s, r in rows.items()}
 
     def diagnostics(self, method: str, scale: str | None) -> dict[int, dict[str, Any]]:
-        rows = {
-            s: r
-            for s, r in self.rows(method, scale, adaptive_mode="").items()
-            if r.eval_tag.startswith("diagnostics")
-        }
-        return {s: r.extra for s, r in rows.items()}
+        # filter before keying by seed: a seed also has fixed-depth rows at the same settings
+        rows = self.matching(method, scale, adaptive_mode="")
+        return {r.seed: r.extra for r in rows if r.eval_tag.startswith("diagnostics")}
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository root when it lies inside it (a page generated from
+    the committed data reads the same on every machine)."""
+    root = CONFIG_DIR.parents[1]
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _paired(a: dict[int, float], b: dict[int, float]) -> list[float]:
@@ -239,19 +256,23 @@ def entry_report(
     data_dir: str | None = None,
     figures_dir: str | os.PathLike | None = None,
     link_base: str | os.PathLike | None = None,
+    data: str | os.PathLike | None = None,
+    draw: bool = True,
 ) -> str:
     """Markdown: the entry's paper values beside the measured ones (CPU analogue or ``full``);
     with ``figures_dir``, the diagnostics figures of its rows are drawn there and linked
-    (relative to ``link_base``, the report file's folder, when given)."""
+    (relative to ``link_base``, the report file's folder, when given; ``draw=False`` links them
+    without drawing). The rows come from the grid's results store, or with ``data`` from its
+    export in that folder (:func:`looplm.results.export.data_file`)."""
     lines = [f"### {entry.id}: {entry.title}", ""]
     lines.append(f"Paper: {entry.meta.get('protocol', '')}. Claim: {entry.meta.get('claim', '')}")
     if not entry.is_experiment:
         return "\n".join(lines + ["", "Nothing to measure."])
     exp = entry.experiment(full=full, data_dir=data_dir)
-    m = _Measured(exp, full)
+    m = _Measured(exp, full, data)
     methods = sorted({p.method for p in exp.runs})
     where = "full protocol" if full else "CPU analogue"
-    lines += ["", f"Measured ({where}): store {exp.store}, {len(m.records)} rows.", ""]
+    lines += ["", f"Measured ({where}): {m.source}, {len(m.records)} rows.", ""]
     if not entry.reported:
         lines.append("The paper's text gives no numbers for this entry (its table is an image).")
     else:
@@ -282,10 +303,28 @@ def entry_report(
         mine = {(p.model_hash, p.protocol, p.seed): p.variant for p in exp.runs}
         recs = [r for r in m.records if (r.model_hash, r.protocol, r.seed) in mine]
         tiers = {key: _tier_label(var, full) for key, var in mine.items()}
-        for path in diagnostics_figures(recs, Path(figures_dir) / entry.id, tiers=tiers):
+        figs = diagnostics_figures(recs, Path(figures_dir) / entry.id, tiers=tiers, draw=draw)
+        for path in figs:
             link = os.path.relpath(path, link_base) if link_base is not None else path
             lines += ["", f"![{entry.id} {path.stem}]({link})"]
     return "\n".join(lines)
+
+
+def entry_verdicts(
+    entry: Entry,
+    *,
+    full: bool = False,
+    data_dir: str | None = None,
+    data: str | os.PathLike | None = None,
+) -> list[tuple[dict[str, Any], Any]]:
+    """``(claim, Verdict)`` of every claim of ``entry``, computed from its grid's store (or with
+    ``data`` its export in that folder), as the report prints them."""
+    from looplm.paper.verdicts import claim_verdict
+
+    if not entry.claims:
+        return []
+    m = _Measured(entry.experiment(full=full, data_dir=data_dir), full, data)
+    return [(c, claim_verdict(c, m)) for c in entry.claims]
 
 
 def model_description(cfg: Any) -> str:
@@ -345,9 +384,12 @@ def paper_report(
     data_dir: str | None = None,
     figures_dir: str | os.PathLike | None = None,
     link_base: str | os.PathLike | None = None,
+    data: str | os.PathLike | None = None,
+    draw: bool = True,
 ) -> str:
     """The side-by-side report of every entry (Markdown; diagnostics figures into
-    ``figures_dir/<entry>/`` when given, linked relative to ``link_base``)."""
+    ``figures_dir/<entry>/`` when given, linked relative to ``link_base``; measured rows from
+    the grids' stores, or with ``data`` from their committed exports in that folder)."""
     entries = entries if entries is not None else catalogue()
     where = "full protocol" if full else "CPU analogues"
     parts = [
@@ -361,7 +403,15 @@ def paper_report(
         dd = data_dir or _default_data_dir()
         parts += [
             "",
-            entry_report(e, full=full, data_dir=dd, figures_dir=figures_dir, link_base=link_base),
+            entry_report(
+                e,
+                full=full,
+                data_dir=dd,
+                figures_dir=figures_dir,
+                link_base=link_base,
+                data=data,
+                draw=draw,
+            ),
         ]
     return "\n".join(parts) + "\n"
 
@@ -408,6 +458,7 @@ def diagnostics_figures(
     out_dir: str | os.PathLike,
     *,
     tiers: dict[tuple[str, str, int], str] | None = None,
+    draw: bool = True,
 ) -> list[Path]:
     """Figures 5 (R_t bars), the per-step anchor quantities and the per-token convergence curves
     from diagnostics-kind store rows (one curve per method and seed); returns the PNG paths.
@@ -415,13 +466,8 @@ def diagnostics_figures(
     ``tiers`` maps a record's ``(model_hash, protocol, seed)`` to its scale tier. When the rows
     span more than one tier, labels carry the tier, ``r_t_by_scale.png`` (Figure 5 by scale,
     mean over seeds) is drawn, and the per-checkpoint figures keep each tier and method's lowest
-    seed so that they stay readable."""
-    from looplm.diagnostics.plots import (
-        plot_anchor_steps,
-        plot_convergence,
-        plot_rt_bars,
-        plot_rt_by_scale,
-    )
+    seed so that they stay readable. ``draw=False``: only the paths they would have."""
+    from looplm.diagnostics import plots
 
     tier_of = functools.partial(_record_tier, tiers or {})
     order = {label: i for i, label in enumerate(dict.fromkeys((tiers or {}).values()))}
@@ -432,11 +478,15 @@ def diagnostics_figures(
     if not rows:
         return []
     out = Path(out_dir)
+    scaled = len({tier_of(r) for r in rows}) > 1
+    drawn = (("r_t.png", plots.plot_rt_bars), ("anchor_steps.png", plots.plot_anchor_steps),
+             ("convergence.png", plots.plot_convergence))  # fmt: skip
+    if not draw:
+        return [out / n for n in ["r_t_by_scale.png"] * scaled + [n for n, _ in drawn]]
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    scaled = len({tier_of(r) for r in rows}) > 1
     if scaled:
-        plot_rt_by_scale(_scale_groups(rows, tier_of), out / "r_t_by_scale.png")
+        plots.plot_rt_by_scale(_scale_groups(rows, tier_of), out / "r_t_by_scale.png")
         paths.append(out / "r_t_by_scale.png")
         first: dict[tuple[str, str], Any] = {}
         for r in rows:
@@ -453,11 +503,7 @@ def diagnostics_figures(
         }
         for r in rows
     ]
-    for name, fn in (
-        ("r_t.png", plot_rt_bars),
-        ("anchor_steps.png", plot_anchor_steps),
-        ("convergence.png", plot_convergence),
-    ):
+    for name, fn in drawn:
         fn(results, out / name)
         paths.append(out / name)
     return paths

@@ -13,6 +13,14 @@ A catalogue entry states its claims as data under ``paper.claims`` (see :mod:`lo
 
 and :func:`claim_verdict` turns the entry's results store into one word of :data:`VERDICTS`.
 Prose may explain a verdict, never upgrade it: the docs' verdict words are checked against these.
+A prose row names the claims it speaks for in an HTML comment (invisible when rendered), with the
+claim's text exactly as in the YAML (``|`` written ``\\|`` inside a table), all on one line::
+
+    | Table 2 | the learned anchor ... | **not reproduced**: ... <!-- claim table02: the
+    learned anchor has the lowest PPL: embedding and frozen-random anchors are higher at every
+    depth --> |
+
+and :func:`prose_links` reads them back (the tests compare the row's word with the computed one).
 
 The tests, per named point (a depth, budget or step) and, for an ordering, per rival method:
 
@@ -31,35 +39,25 @@ The tests, per named point (a depth, budget or step) and, for an ordering, per r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from looplm.errors import LoopLMError
 from looplm.paper.metrics import seed_values
+from looplm.results.vocabulary import (  # noqa: F401  (the vocabulary, re-exported)
+    BY_CONSTRUCTION,
+    IN_DIRECTION,
+    NOT_REPRODUCED,
+    NOT_RUN,
+    NOT_TESTABLE,
+    ORDER,
+    REPRODUCED,
+    VERDICTS,
+    weakest,
+)
 
-REPRODUCED = "reproduced"
-IN_DIRECTION = "reproduced in direction"
-BY_CONSTRUCTION = "holds by construction"
-NOT_REPRODUCED = "not reproduced"
-NOT_TESTABLE = "not testable at this scale"
-NOT_RUN = "not yet run"
-
-# Each verdict word and the criterion it needs (printed with the report).
-VERDICTS: dict[str, str] = {
-    REPRODUCED: "the claimed sign holds at every named point and rival with the paired 95% "
-    "t-interval over seeds excluding 0 (at least 2 seeds)",
-    IN_DIRECTION: "the mean has the claimed sign at every named point and rival, but the 95% "
-    "t-interval includes 0 at one or more",
-    BY_CONSTRUCTION: "the quantity equals the claimed value exactly in every seed because the "
-    "method's equations force it: a check of the implementation, not a reproduction",
-    NOT_REPRODUCED: "the mean has the opposite sign (or the fixed quantity is not exactly the "
-    "claimed value) at one or more named points",
-    NOT_TESTABLE: "this grid cannot measure the claim (the reason is stated), or fewer than 2 "
-    "seeds were measured",
-    NOT_RUN: "a named point has no stored rows yet",
-}
-# When parts disagree, the claim takes the weakest part's word, in this order.
-_ORDER = (NOT_RUN, NOT_TESTABLE, NOT_REPRODUCED, IN_DIRECTION, BY_CONSTRUCTION, REPRODUCED)
+_ORDER = ORDER
 TESTS = ("ordering", "threshold", "construction", "untestable")
 CLAIM_KEYS = {"text", "test", "method", "methods", "than", "depths", "budgets", "steps",
               "thresholds", "from_depth", "from_step", "scale", "metric", "better", "op", "value",
@@ -177,7 +175,7 @@ def _judge(values: list[float], sign: int) -> tuple[str, str]:
 
 
 def _combine(words: list[str]) -> str:
-    return min(words, key=_ORDER.index) if words else NOT_RUN
+    return weakest(words)
 
 
 def claim_verdict(claim: dict[str, Any], m: Any) -> Verdict:
@@ -228,3 +226,45 @@ def verdict_table(claims: list[dict[str, Any]], m: Any) -> list[str]:
         text = c["text"].replace("|", "\\|")
         rows.append(f"| {text} | **{v.word}** | {evidence} |")
     return rows
+
+
+LINK = re.compile(r"<!-- claim (\w+): (.+?) -->")
+_CELLS = re.compile(r"(?<!\\)\|")
+
+
+@dataclass
+class ProseLink:
+    """One claim a prose table row speaks for: the entry, the claim's text, the row's verdict
+    word (the bold word its last cell opens with; None when it has none) and the line number."""
+
+    entry: str
+    text: str
+    word: str | None
+    line: int
+
+
+def prose_links(markdown: str) -> list[ProseLink]:
+    """Every ``<!-- claim ENTRY: TEXT -->`` link of a page's table rows, with the row's word."""
+    out = []
+    for i, line in enumerate(markdown.splitlines(), 1):
+        links = LINK.findall(line)
+        if not links or not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in _CELLS.split(line.strip())[1:-1]]
+        m = re.match(r"\*\*(.+?)\*\*", cells[-1]) if cells else None
+        word = m.group(1) if m and m.group(1) in VERDICTS else None
+        out += [ProseLink(e, t.replace("\\|", "|").strip(), word, i) for e, t in links]
+    return out
+
+
+def prose_disagreements(markdown: str, computed: dict[tuple[str, str], str]) -> list[str]:
+    """Where a page's linked rows disagree with the computed verdicts: one line per linked claim
+    that ``computed`` (``(entry, claim text) → word``) holds and whose row carries another word
+    (or none). Links to claims missing from ``computed`` are left to the caller."""
+    out = []
+    for link in prose_links(markdown):
+        want = computed.get((link.entry, link.text))
+        if want is not None and link.word != want:
+            got = f"**{link.word}**" if link.word else "no verdict word"
+            out.append(f"line {link.line}: {link.entry} {link.text!r}: {got}, computed **{want}**")
+    return out

@@ -563,13 +563,18 @@ class ResultsStore:
 
 
 def load_records(path: str | os.PathLike) -> list[EvalRecord]:
-    """All records of a results file: a SQLite store, or a JSON file from ``export_json``.
+    """All records of a results file: a SQLite store, a JSON file from ``export_json``, or a
+    line-per-row export (``.jsonl`` / ``.jsonl.gz``, :mod:`looplm.results.export`).
 
-    Raises LoopLMError when the file is missing or is neither.
+    Raises LoopLMError when the file is missing or is none of these.
     """
     path = Path(path)
     if not path.is_file():
         raise LoopLMError(f"results file {str(path)!r} does not exist")
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        from looplm.results.export import read_export
+
+        return read_export(path)
     with open(path, "rb") as f:
         head = f.read(16)
     if head == _SQLITE_MAGIC:

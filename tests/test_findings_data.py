@@ -1,0 +1,122 @@
+"""The findings pages are generated from, and agree with, the measured results committed under
+docs/data/ (one export per grid, `looplm results export`).
+
+* docs/paper_measured.md is exactly what `looplm paper report --data docs/data --out
+  docs/paper_measured.md` writes (skipped, with the missing files named, until a data file of the
+  page is committed; from then on a stale page fails);
+* every figure a findings page links exists;
+* every verdict row of docs/paper.md names the claims it speaks for (``<!-- claim ENTRY: TEXT -->``),
+  every claim of the catalogue is named by a row, and each row's word is the verdict computed
+  from the committed data (skipped per grid until its data file is committed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+from looplm import paper
+from looplm.paper.report import entry_verdicts
+from looplm.paper.verdicts import (
+    IN_DIRECTION,
+    NOT_REPRODUCED,
+    prose_disagreements,
+    prose_links,
+)
+from looplm.results.export import data_file
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "data"
+PAGE = "docs/paper_measured.md"
+REGENERATE = "looplm paper report --data docs/data --out docs/paper_measured.md"
+FINDINGS = ["docs/paper.md", "docs/paper_measured.md", "docs/findings.md", "docs/lens_findings.md"]
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@functools.cache
+def _grids() -> dict[Path, list[paper.Entry]]:
+    """Each grid's data file (committed or not) → the catalogue entries that read it."""
+    out: dict[Path, list[paper.Entry]] = {}
+    for e in paper.catalogue():
+        if e.is_experiment:
+            out.setdefault(data_file(DATA, e.experiment().store), []).append(e)
+    return out
+
+
+def _missing(files) -> str:
+    return ", ".join(str(f.relative_to(ROOT)) for f in sorted(files))
+
+
+def test_the_generated_page_is_regenerated_from_the_committed_data() -> None:
+    files = set(_grids())
+    present = {f for f in files if f.is_file()}
+    if not present:
+        pytest.skip(f"{PAGE}: none of its data files is committed yet ({_missing(files)})")
+    text = paper.paper_report(
+        data=DATA, figures_dir=ROOT / "docs" / "paper_measured", link_base=ROOT / "docs", draw=False
+    )
+    committed = (ROOT / PAGE).read_text(encoding="utf-8")
+    if committed != text:
+        diff = difflib.unified_diff(
+            committed.splitlines(), text.splitlines(), "committed", "regenerated", lineterm="", n=1
+        )
+        shown = "\n".join(list(diff)[:40])
+        pytest.fail(f"{PAGE} is stale; regenerate it with `{REGENERATE}`:\n{shown}")
+
+
+@pytest.mark.parametrize("page", FINDINGS)
+def test_every_figure_a_findings_page_links_exists(page: str) -> None:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    links = IMAGE.findall(text)
+    missing = [link for link in links if not (ROOT / page).parent.joinpath(link).is_file()]
+    assert missing == [], f"{page} links figures that do not exist: {missing}"
+
+
+def test_every_verdict_row_names_existing_claims_and_every_claim_is_named() -> None:
+    links = prose_links((ROOT / "docs/paper.md").read_text(encoding="utf-8"))
+    claims = {(e.id, c["text"]) for e in paper.catalogue() for c in e.claims}
+    named = {(link.entry, link.text) for link in links}
+    assert sorted(named - claims) == [], "docs/paper.md names claims no entry has (renamed?)"
+    assert sorted(claims - named) == [], "claims that no verdict row of docs/paper.md names"
+
+
+def test_a_row_that_disagrees_with_the_computed_verdict_is_caught() -> None:
+    page = (
+        "| claim | verdict |\n|---|---|\n"
+        "| a | **reproduced in direction**: mean only <!-- claim table05: x \\| y --> |\n"
+        "| b | not testable from the reported numbers <!-- claim table06: z --> |\n"
+        "| c | **reproduced in direction** <!-- claim table07: w --> |\n"
+    )
+    links = prose_links(page)
+    assert [(k.entry, k.text, k.word, k.line) for k in links] == [
+        ("table05", "x | y", IN_DIRECTION, 3),
+        ("table06", "z", None, 4),
+        ("table07", "w", IN_DIRECTION, 5),
+    ]
+    computed = {("table05", "x | y"): NOT_REPRODUCED, ("table06", "z"): IN_DIRECTION,
+                ("table07", "w"): IN_DIRECTION}  # fmt: skip
+    assert prose_disagreements(page, computed) == [
+        "line 3: table05 'x | y': **reproduced in direction**, computed **not reproduced**",
+        "line 4: table06 'z': no verdict word, computed **reproduced in direction**",
+    ]
+
+
+@pytest.mark.parametrize(
+    "grid", sorted(f.name for f, es in _grids().items() if any(e.claims for e in es))
+)
+def test_prose_verdicts_are_the_computed_ones(grid: str) -> None:
+    """Once a grid's data file is committed, every docs/paper.md row naming one of its entries'
+    claims carries the verdict `looplm paper report` computes from that file."""
+    path, entries = next((f, es) for f, es in _grids().items() if f.name == grid)
+    entries = [e for e in entries if e.claims]
+    if not path.is_file():
+        pytest.skip(f"{path.relative_to(ROOT)} is not committed yet (export the grid's store)")
+    computed = {(e.id, c["text"]): v.word for e in entries for c, v in entry_verdicts(e, data=DATA)}
+    bad = prose_disagreements((ROOT / "docs/paper.md").read_text(encoding="utf-8"), computed)
+    assert bad == [], "docs/paper.md verdict words that are not the computed ones:\n" + "\n".join(
+        bad
+    )
