@@ -15,8 +15,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-REPORTS = {"paper.md", "paper_measured.md", "findings.md", "lens_findings.md", "configuration.md",
-           "findings_review.md"}  # findings_review.md: the review log of those pages
+REPORTS = {
+    "paper.md",
+    "paper_measured.md",
+    "findings.md",
+    "lens_findings.md",
+    "configuration.md",
+    "findings_review.md",
+}  # findings_review.md: the review log of those pages
 # a number with a time unit, a throughput, a speed-up factor, or a comparison word
 CLAIM = re.compile(
     r"\d(?:[.,]\d+)?\s?(?:s|sec|seconds?|min|minutes?|h|hours?)\b(?![-/])"

@@ -237,7 +237,8 @@ def test_a_store_that_cannot_be_written_loses_no_evaluation(tmp_path, capsys):
 
 def test_report_opens_the_store_read_only(tmp_path, monkeypatch):
     from looplm.results import store as store_mod
-    from looplm.results.store import EvalRecord, ResultsStore, load_records
+    from looplm.results.export import load_records
+    from looplm.results.store import EvalRecord, ResultsStore
 
     path = tmp_path / "results.sqlite"
     with ResultsStore(path) as st:
@@ -335,7 +336,7 @@ def test_kill_during_checkpoint_writes_leaves_a_complete_checkpoint(tmp_path, n)
 
 
 def test_kill_during_store_writes_keeps_every_committed_row(tmp_path):
-    from looplm.results.store import load_records
+    from looplm.results.export import load_records
 
     path = tmp_path / "results.sqlite"
     done = _kill_after_writes(_WRITER, path, 8)

@@ -395,7 +395,9 @@ def test_a_full_disk_under_the_store_says_disk_full(tmp_path, monkeypatch):
     with pytest.raises(LoopLMError, match="disk full") as info:
         st._retry(io_error)
     assert str(path) in str(info.value)
-    assert [r.method for r in store_mod.load_records(path)] == ["scse"] * 3  # nothing lost
+    from looplm.results.export import load_records
+
+    assert [r.method for r in load_records(path)] == ["scse"] * 3  # nothing lost
 
 
 # ----------------------------------------------------------------------------- token caches

@@ -16,7 +16,8 @@ from looplm import paper
 from looplm.errors import LoopLMError
 from looplm.experiments import load_experiment, run_experiment
 from looplm.results import export as X
-from looplm.results.store import EvalRecord, ResultsStore, load_records
+from looplm.results.export import load_records
+from looplm.results.store import EvalRecord, ResultsStore
 from tests.conftest import REPO
 from tests.test_paper import _tiny_grid
 

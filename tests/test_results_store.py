@@ -11,7 +11,8 @@ import time
 import pytest
 
 from looplm.errors import LoopLMError
-from looplm.results.store import IDENTITY_FIELDS, EvalRecord, ResultsStore, load_records
+from looplm.results.export import load_records
+from looplm.results.store import IDENTITY_FIELDS, EvalRecord, ResultsStore
 
 
 def make(method="scse", depth=8, seed=0, n=1000, nll=4600.0, **kw) -> EvalRecord:

@@ -5,10 +5,8 @@
     looplm paper run table02 --dry-run    # list the grid's runs
     looplm paper report [--full] [--out FILE] [--data DIR] [ENTRY …]   # paper values beside measured
 
-Each entry is ``configs/paper/<entry>.yaml`` (see :mod:`looplm.paper`); ``--full`` is the
-paper's protocol, the default its CPU analogue. Tables that reuse a shared grid read its runs and
-train nothing new.
-"""
+Each entry is ``configs/paper/<entry>.yaml`` (:mod:`looplm.paper`); ``--full`` is the paper's
+protocol, the default its CPU analogue; a table reusing a shared grid trains nothing new."""
 
 from __future__ import annotations
 

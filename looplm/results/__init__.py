@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from looplm.results.store import IDENTITY_FIELDS, EvalRecord, ResultsStore, load_records
+from looplm.results.export import load_records
+from looplm.results.store import IDENTITY_FIELDS, EvalRecord, ResultsStore
 
 __all__ = [
     "IDENTITY_FIELDS",

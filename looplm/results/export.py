@@ -33,6 +33,7 @@ from typing import Any
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_bytes
 from looplm.results.store import (
+    _SQLITE_MAGIC,
     IDENTITY_FIELDS,
     METRIC_FIELDS,
     EvalRecord,
@@ -157,3 +158,30 @@ def data_file(folder: str | os.PathLike, store: str | os.PathLike) -> Path:
     plain = Path(folder) / f"{grid}.jsonl"
     packed = Path(folder) / f"{grid}.jsonl.gz"
     return packed if packed.is_file() and not plain.is_file() else plain
+
+
+def load_records(path: str | os.PathLike) -> list[EvalRecord]:
+    """All records of a results file: a SQLite store, a JSON file from ``export_json``, or a
+    line-per-row export (``.jsonl`` / ``.jsonl.gz``, :mod:`looplm.results.export`).
+
+    Raises LoopLMError when the file is missing or is none of these.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LoopLMError(f"results file {str(path)!r} does not exist")
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        return read_export(path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head == _SQLITE_MAGIC:
+        with ResultsStore(path, read_only=True) as store:
+            return store.query()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LoopLMError(
+            f"{str(path)!r} is neither a SQLite results store nor a JSON export ({exc})"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+        raise LoopLMError(f"{str(path)!r} is JSON but has no 'records' list (not a looplm export)")
+    return [EvalRecord.from_dict(r) for r in data["records"]]

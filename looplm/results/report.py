@@ -39,6 +39,7 @@ from typing import Any
 
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
+from looplm.results.export import load_records
 from looplm.results.figures import (
     Series,
     plot_accuracy_response,
@@ -55,7 +56,7 @@ from looplm.results.sections import (
 )
 from looplm.results.settings import ReportSettings
 from looplm.results.stats import PairedDelta, Summary, paired_deltas
-from looplm.results.store import EvalRecord, group_by, load_records
+from looplm.results.store import EvalRecord, group_by
 from looplm.results.tables import (
     REFERENCE_PREFIX,
     ROW_CONTEXT,

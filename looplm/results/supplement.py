@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from looplm.io import atomic_write_text
+from looplm.results.export import load_records
 from looplm.results.metrics import AdaptiveFields, CompletionFields
 from looplm.results.plotting import RULE_MARKERS, new_figure, save_png
-from looplm.results.store import EvalRecord, group_by, load_records
+from looplm.results.store import EvalRecord, group_by
 from looplm.results.tables import slug
 
 CONTEXT_FIELDS = ("protocol", "dataset", "split", "eval_tag")
