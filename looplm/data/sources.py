@@ -83,7 +83,7 @@ def eval_windows(
     the first token of each window is predicted from a short context (position 0 sees one
     token), unlike a sliding-window evaluation. ``max_tokens`` caps the number of predicted
     tokens (the first ``max_tokens`` targets). Yields int64 (B, L) pairs; the last batch may
-    have fewer rows.
+    have fewer rows, and a batch whose windows are all partial is only as wide as its longest.
     """
     tokens = _as_array(tokens)
     if batch_size < 1 or seq_len < 1:
@@ -98,10 +98,14 @@ def eval_windows(
     starts = np.arange(0, n_pred, seq_len)
     for b in range(0, len(starts), batch_size):
         rows = starts[b : b + batch_size]
-        x = np.full((len(rows), seq_len), pad_id, dtype=np.int64)  # (B, L)
-        y = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)  # (B, L)
+        # a batch of partial windows only is as wide as its longest (causal attention: columns
+        # after every row's last token change nothing — and a 64k-context model's one short
+        # window would otherwise cost a 64k-wide pass)
+        width = min(seq_len, n_pred - int(rows[0]))
+        x = np.full((len(rows), width), pad_id, dtype=np.int64)  # (B, L)
+        y = np.full((len(rows), width), IGNORE_INDEX, dtype=np.int64)  # (B, L)
         for i, s in enumerate(rows):
-            m = min(seq_len, n_pred - int(s))
+            m = min(width, n_pred - int(s))
             seg = np.asarray(tokens[s : s + m + 1], dtype=np.int64)  # (m+1,)
             x[i, :m] = seg[:m]
             y[i, :m] = seg[1:]
