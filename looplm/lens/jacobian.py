@@ -274,14 +274,17 @@ class JacobianLens:
         self, model: torch.nn.Module, t: int, tokens: Sequence[int] | torch.Tensor
     ) -> torch.Tensor:
         """Rows of ``D_t = W_U diag(γ) J_t`` for ``tokens``: (k, d) directions in h_t coordinates
-        (γ the final norm's gain; the norm's 1/rms is a positive scale that moves no direction)."""
+        (``W_U`` the output head — the token embedding when tied; γ the final norm's gain, ones
+        without one; the norm's 1/rms, a logit scale or soft-cap move no direction)."""
         check_step(t, self.loops)
-        W = model.tok_emb.weight.detach().double()  # (V, d)
+        W = model.head_weight.detach().double()  # (V, d)
         ids = torch.as_tensor(tokens, dtype=torch.long, device=W.device).reshape(-1)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= W.shape[0]):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise LoopLMError(f"token id {bad} is outside the vocabulary [0, {W.shape[0]})")
-        gamma = model.norm_f.weight.detach().double()
+        gain = getattr(model.norm_f, "weight", None)  # None: no final norm, or one without gain
+        ones = torch.ones(W.shape[1], dtype=W.dtype, device=W.device)
+        gamma = ones if gain is None else gain.detach().double()
         return (W[ids] * gamma) @ self.jacobians[t].to(W.device)  # (k, d)
 
     # -- merging and files ---------------------------------------------------------------
