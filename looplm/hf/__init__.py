@@ -52,7 +52,7 @@ def hf_config(model_cfg, loops: int) -> dict:
     """The ``config.json`` contents for a looplm ``ModelConfig`` and default depth ``loops``."""
     from looplm import __version__
 
-    eot = EOT_IDS.get(model_cfg.tokenizer)
+    eot = _eot_id(model_cfg.tokenizer)
     return {
         "architectures": ["LoopLMForCausalLM"],
         "model_type": "looplm",
@@ -201,26 +201,56 @@ def _bytes_backend():
 EOT_TEXT = "<|endoftext|>"
 
 
+def _eot_id(name: str) -> int | None:
+    """The end-of-text id of looplm's tokenizer ``name`` (a checkpoint's own ``tokenizer.json``:
+    the id its :class:`~looplm.data.tokenizers.FileTokenizer` ends text with)."""
+    if name in EOT_IDS:
+        return EOT_IDS[name]
+    from looplm.data.tokenizers import is_tokenizer_file
+
+    if is_tokenizer_file(name):
+        from looplm.data import get_tokenizer
+
+        return int(get_tokenizer(name).eot_id)
+    return None
+
+
 def write_tokenizer(folder: str | os.PathLike, name: str, context: int) -> None:
     """``tokenizer.json`` + ``tokenizer_config.json`` for looplm's tokenizer ``name`` (gpt2 |
-    bytes): ``AutoTokenizer.from_pretrained(folder)`` then encodes as looplm does."""
+    bytes | a checkpoint's own ``tokenizer.json``, e.g. an imported model's):
+    ``AutoTokenizer.from_pretrained(folder)`` then encodes as looplm does. A file tokenizer's
+    ``tokenizer_config.json`` beside it (chat template, special tokens) is copied as it is."""
+    from looplm.data.tokenizers import is_tokenizer_file
+
     folder = Path(folder)
+    eot_text = EOT_TEXT
     if name == "gpt2":
         from looplm.data import get_tokenizer
 
         backend = get_tokenizer("gpt2").backend
     elif name == "bytes":
         backend = _bytes_backend()
+    elif is_tokenizer_file(name):
+        from looplm.data import get_tokenizer
+
+        tok = get_tokenizer(name)
+        backend, eot_text = tok.backend, tok.backend.id_to_token(tok.eot_id)
+        shutil.copyfile(name, folder / "tokenizer.json")
+        beside = Path(name).parent / "tokenizer_config.json"
+        if beside.is_file():
+            shutil.copyfile(beside, folder / "tokenizer_config.json")
+            return
     else:
-        raise LoopLMError(f"tokenizer {name!r}; allowed: gpt2, bytes")
-    if backend.token_to_id(EOT_TEXT) != EOT_IDS[name]:
+        raise LoopLMError(f"tokenizer {name!r}; allowed: gpt2, bytes, or a tokenizer.json path")
+    if name in EOT_IDS and backend.token_to_id(EOT_TEXT) != EOT_IDS[name]:
         raise LoopLMError(f"the {name} tokenizer does not map {EOT_TEXT} to {EOT_IDS[name]}")
-    (folder / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
+    if not (folder / "tokenizer.json").is_file():
+        (folder / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": EOT_TEXT,
-        "eos_token": EOT_TEXT,
-        "unk_token": EOT_TEXT,
+        "bos_token": eot_text,
+        "eos_token": eot_text,
+        "unk_token": eot_text,
         "model_max_length": int(context),
         "add_bos_token": False,
         "add_eos_token": False,
@@ -250,6 +280,11 @@ def _card(cfg, loops: int, checkpoint, standalone: bool = False) -> str:
         "out = model.generate(ids, max_new_tokens=20, loops=12)\n"
         "print(tok.decode(out[0]))\n"
         "```\n\n"
-        f"Tokenizer: looplm's `{m.tokenizer}` tokenizer, written as `tokenizer.json` (the same ids "
-        f'as `looplm.data.get_tokenizer("{m.tokenizer}")`).\n'
+        + (
+            f"Tokenizer: looplm's `{m.tokenizer}` tokenizer, written as `tokenizer.json` (the "
+            f'same ids as `looplm.data.get_tokenizer("{m.tokenizer}")`).\n'
+            if m.tokenizer in EOT_IDS
+            else "Tokenizer: the checkpoint's own `tokenizer.json` (and its "
+            "`tokenizer_config.json` where it had one), copied as they were.\n"
+        )
     )
