@@ -1,16 +1,26 @@
-"""Analyses on imported checkpoints through the command line: each fixture imported with a
-small tokenizer of its own, then evaluated over depths (beyond the trained count too) and used
-for generation with per-token halting over many prompts."""
+"""Analyses on imported checkpoints: each fixture imported with a small tokenizer of its own,
+then evaluated over depths (beyond the trained count too), used for generation with per-token
+halting over many prompts, and run through every analysis — KL halting, diagnostics, adaptive
+depth, the Jacobian lens, export to transformers, lm-eval — each reading the model's own readout
+(through Parcae's and Huginn's coda)."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
-from pretrained_common import fixture
+import torch
+import torch.nn.functional as F
+from pretrained_common import close, fixture, load, logits_at
 
+from looplm.adaptive.halting import per_token_halting
 from looplm.cli import main
+from looplm.data import get_tokenizer
+from looplm.diagnostics.runner import DiagnoseSettings, diagnose_model
+from looplm.lens.jacobian import fit_jacobian_lens
+from looplm.model.halting import KLHalt
 
 TRAINED = {"parcae": 8, "huginn": 32, "ouro": 4}
 
@@ -76,3 +86,165 @@ def test_pretrained_kl_halting_with_a_coda_says_why_in_one_line(imported, capsys
                  "--halt", "kl", "--threshold", "0.1"])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert code == 2 and "coda" in err and "\n" not in err
+
+
+# ------------------------------------------------------------------ every analysis, through the coda
+FAMILIES = list(TRAINED)
+
+
+def _ids(seed: int = 0, shape=(2, 12)) -> torch.Tensor:
+    return torch.randint(1, 90, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _log_probs(model, ids, loops) -> torch.Tensor:
+    return torch.log_softmax(logits_at(model, ids, loops).double(), dim=-1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_kl_halting_reads_what_the_readout_reads(family):
+    """Per-token KL halting decides on KL(p_t ‖ p_{t−1}) of the model's own readout (through
+    Parcae's and Huginn's coda): with τ between the two middle values of KL(p_2 ‖ p_1) exactly
+    the tokens below it stop at t = 2; τ = 0 runs every token to the ceiling and τ huge stops all
+    at once — both read out as the fixed-depth model at that depth."""
+    model = load(family).eval()
+    x = _ids()
+    lp1, lp2 = _log_probs(model, x, 1), _log_probs(model, x, 2)
+    kl2 = (lp2.exp() * (lp2 - lp1)).sum(-1)  # (B, L)
+    mid = kl2.flatten().sort().values[kl2.numel() // 2 - 1 : kl2.numel() // 2 + 1]
+    _, depth = per_token_halting(model, x, KLHalt(float(mid.mean())), 3)
+    assert torch.equal(depth == 2, kl2 < mid.mean())
+    h, depth = per_token_halting(model, x, KLHalt(0.0), 3)
+    assert (depth == 3).all()
+    close(model.readout(h), logits_at(model, x, 3))
+    h, depth = per_token_halting(model, x, KLHalt(1e9), 3)
+    first = int(depth.min())
+    assert int(depth.max()) == first < 3
+    close(model.readout(h), logits_at(model, x, first))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_diagnostics_read_through_the_coda(family):
+    """The diagnostics' NLL at T and successive KL are the model's own readout at those depths."""
+    model = load(family).double().eval()
+    x, y = _ids(0), _ids(1)
+    settings = DiagnoseSettings(loops=3, steer_inputs=0, check_steps=0)
+    res, _ = diagnose_model(model, [(x, y)], settings, progress=False)
+    nll = F.cross_entropy(logits_at(model, x, 3).flatten(0, 1), y.flatten()).item()
+    assert res["summary"]["nll_T"] == pytest.approx(nll, rel=1e-9)
+    lp = [_log_probs(model, x, t) for t in (1, 2, 3)]
+    kl = [float((b.exp() * (b - a)).sum(-1).mean()) for a, b in zip(lp, lp[1:])]
+    assert res["convergence"]["kl_per_loop"][1:] == pytest.approx(kl, rel=1e-9)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_diagnose_command(imported, family, tmp_path, capsys):
+    root, ckpt = imported
+    args = ["diagnose", str(ckpt[family]), "--loops", "3", "--batches", "1", "--batch-size", "1",
+            "--data", f"text:{root / 'corpus.txt'}", "--seq-len", "16", "--steer-inputs", "2",
+            "--check-steps", "2", "--no-plots", "--out", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    row = json.loads((tmp_path / "summary.json").read_text())[family]
+    assert row["n_scored_tokens"] == 16 and math.isfinite(row["nll_T"])
+    assert row["lemma1_max_rel_error"] is not None and row["lemma1_max_rel_error"] < 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_adaptive_depth_command(imported, family, tmp_path):
+    """`looplm adaptive` on an imported model: the max-token rule, KL halting and the learned
+    router (and Ouro's own exit gate) each give a row whose mean depth lies in 1 … C."""
+    root, ckpt = imported
+    rules = "maxtoken,kl,router" + (",gate" if family == "ouro" else "")
+    args = ["adaptive", str(ckpt[family]), "--ceiling", "3", "--rules", rules, "--budgets", "2",
+            "--kl-thresholds", "0.01", "--router-probs", "0.5", "--gate-thresholds", "0.5",
+            "--dataset", f"text:{root / 'corpus.txt'}", "--split", "test",
+            "--max-tokens", "24", "--batch-size", "2", "--out", str(tmp_path / "a.json")]  # fmt: skip
+    assert main(args) == 0
+    rows = json.loads((tmp_path / "a.json").read_text())["results"]
+    modes = [r["mode"] for r in rows]
+    assert modes[:3] == ["maxtoken:budget=2", "kl:thr=0.01", "router:p=0.5"]
+    assert modes[3:] == (["gate:thr=0.5"] if family == "ouro" else [])
+    assert all(1 <= r["mean_depth"] <= 3 and math.isfinite(r["nll"]) for r in rows)
+
+
+def test_pretrained_gate_rule_on_a_model_without_a_gate_is_one_line(imported, capsys):
+    root, ckpt = imported
+    args = ["adaptive", str(ckpt["parcae"]), "--ceiling", "2", "--rules", "gate",
+            "--dataset", f"text:{root / 'corpus.txt'}", "--split", "test", "--max-tokens", "8"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "gate" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_lens_command(imported, family, tmp_path, capsys):
+    """The Jacobian lens of an imported model (fit through the coda), its tuned-lens baseline
+    and a dose-response."""
+    root, ckpt = imported
+    args = ["lens", str(ckpt[family]), "--out", str(tmp_path), "--data", f"text:{root / 'corpus.txt'}",
+            "--seq-len", "16", "--prompts", "2", "--eval-prompts", "2", "--batch-size", "2",
+            "--loops", "2", "--extrapolate", "3", "--strengths", "0,1", "--tuned-steps", "2",
+            "--n-boot", "10", "--k", "2", "--no-plots"]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads((tmp_path / "lens.json").read_text())
+    assert (tmp_path / "lens_T2").is_dir() and (tmp_path / "lens_T3").is_dir()
+    assert result["family"] == family and result["loops"] == 2
+    for T in (2, 3):  # KL of the lens at t = 0 … T, one value per step
+        kl = [v["mean"] for v in result["fidelity"][str(T)]["arms"]["jacobian"]["kl"]]
+        assert len(kl) == T + 1 and all(math.isfinite(v) and v >= 0 for v in kl)
+
+
+def test_pretrained_lens_token_directions_use_the_untied_head():
+    """Ouro reads out through its own head (untied) with no final norm: at t = T the lens's token
+    directions applied to a state are the logits of those tokens."""
+    model = load("ouro").double().eval()
+    x = _ids(2, (1, 10))
+    lens = fit_jacobian_lens(model, [(x, x)], 2)
+    h = torch.randn(5, model.config.d_model, dtype=torch.float64)
+    ids = [3, 17, 42]
+    close(h @ lens.token_directions(model, 2, ids).T, model.readout(h)[:, ids])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_export_loads_in_transformers_with_the_same_logits(imported, family, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, ckpt = imported
+    model = load(family).eval()
+    ids = _ids(3, (1, 8))
+    for standalone in (False, True):
+        out = tmp_path / f"export_{standalone}"
+        args = ["export", str(ckpt[family]), str(out), "--loops", "3"]
+        assert main(args + (["--standalone"] if standalone else [])) == 0
+        hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+        with torch.no_grad():
+            close(hf(ids).logits, logits_at(model, ids, 3))
+    tok = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    assert tok("the fox").input_ids == get_tokenizer(str(ckpt[family] / "tokenizer.json")).encode(
+        "the fox"
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_lm_eval_log_likelihoods_are_looplm_nll(imported, family, tmp_path):
+    """lm-evaluation-harness on an imported model (offline LAMBADA-format task on a small file):
+    its log-likelihoods are looplm's completion NLL at the same depth."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install '.[test]')")
+    from looplm.checkpoint import load_checkpoint
+    from looplm.data.corpora import lambada_examples
+    from looplm.evaluate.completion import lambada_items, lambada_sweep
+    from looplm.lmeval import LAMBADA_TASK, evaluate_lambada_local
+
+    _, ckpt = imported
+    texts = ["the quick brown fox jumps over the lazy dog", "loops read text while a dog jumps"]
+    data = tmp_path / "lambada_test.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = evaluate_lambada_local(ckpt[family], data, loops=2, task_dir=tmp_path / "tasks")
+    samples = sorted(out["samples"][LAMBADA_TASK], key=lambda s: s["doc_id"])
+    model, cfg = load_checkpoint(ckpt[family])[:2]
+    tok = get_tokenizer(cfg.model.tokenizer)
+    items = lambada_items(lambada_examples(data), tok, cfg.model.context)
+    assert len(samples) == len(items) == 2
+    for s, item in zip(samples, items):
+        ((ll, _greedy),) = s["resps"][0]
+        (row,) = lambada_sweep(model.eval(), [item], [2])
+        assert -ll == pytest.approx(row["sum_nll"], rel=1e-5, abs=1e-4)

@@ -36,6 +36,14 @@ possibly the last one, so this equals the per-example mean up to that window).
    (the same convergence criterion the KL rule reads). On test a token halts (and is frozen
    exactly as in rule 2) when the router's probability reaches ``p``.
 
+4. ``gate`` — the model's own exit rule, for a model with a learned exit gate (Ouro): a token halts
+   (frozen as in rule 2) when the gate's cumulative exit probability reaches the threshold
+   (:class:`looplm.model.halting.GateHalt`). Asked of a model without a gate it fails in one line.
+
+Every rule reads out what the model's readout reads: intermediate states pass through the
+recurrence's exit map and any coda layers (``model.finish``, run over the whole sequence at each
+step for models with a coda: Parcae, Huginn).
+
 Work skipping for per-token halting (rules 2 and 3): :meth:`Block.forward <looplm.model.block.Block.forward>` (``active=``) computes the
 shared block's output only for *active* query rows — query projection, attention rows, output
 projection and SwiGLU — while keys and values are still computed for every token, because causal
@@ -78,6 +86,7 @@ from looplm.adaptive.halting import (
 from looplm.adaptive.settings import (
     DEFAULT_BUDGETS,
     DEFAULT_CEILING,
+    DEFAULT_GATE_THRESHOLDS,
     DEFAULT_KL_THRESHOLDS,
     DEFAULT_LABEL_THRESHOLD,
     DEFAULT_ROUTER_PROBS,
@@ -96,7 +105,7 @@ from looplm.evaluate.common import (
     timed_batches,
     timed_min,
 )
-from looplm.model.halting import ExampleHalting, max_token_updates, relative_update
+from looplm.model.halting import ExampleHalting, GateHalt, max_token_updates, relative_update
 from looplm.targets import IGNORE_INDEX
 
 
@@ -226,9 +235,10 @@ def maxtoken_forward(
         return max_token_updates(h, h_prev, valid[rows]) < threshold  # (A,)
 
     halting = ExampleHalting(decide)
-    for _ in model.unroll(model.prepare(x), ceiling, halting=halting):
+    ctx = model.prepare(x)
+    for _ in model.unroll(ctx, ceiling, halting=halting):
         pass
-    return halting.out, halting.depth
+    return model.finish(halting.out, ctx), halting.depth
 
 
 @torch.no_grad()
@@ -312,6 +322,7 @@ def adaptive_modes(
     budgets: Sequence[float] = DEFAULT_BUDGETS,
     kl_thresholds: Sequence[float] = DEFAULT_KL_THRESHOLDS,
     router_probs: Sequence[float] = DEFAULT_ROUTER_PROBS,
+    gate_thresholds: Sequence[float] = DEFAULT_GATE_THRESHOLDS,
 ) -> dict[str, list[str]]:
     """The ``adaptive_mode`` strings each rule's settings produce (store identities)."""
     out: dict[str, list[str]] = {}
@@ -320,9 +331,19 @@ def adaptive_modes(
             out[r] = [f"maxtoken:budget={float(b):g}" for b in budgets]
         elif r == "kl":
             out[r] = [KLHalt(float(t)).mode for t in kl_thresholds]
+        elif r == "gate":
+            out[r] = [f"gate:thr={float(t):g}" for t in gate_thresholds]
         else:
             out[r] = [f"router:p={float(p):g}" for p in router_probs]
     return out
+
+
+def todo_pairs(
+    values: Sequence[float], modes: dict[str, list[str]], rule: str, want: set[str] | None
+) -> list[tuple[float, str]]:
+    """(setting, adaptive-mode string) of ``rule`` still to evaluate (all when ``want`` is None)."""
+    pairs = list(zip([float(v) for v in values], modes.get(rule, [])))
+    return [(v, m) for v, m in pairs if want is None or m in want]
 
 
 @dataclass
@@ -440,9 +461,10 @@ def evaluate_adaptive(
 
     s = settings or AdaptiveSettings()
     check_fields(s)
-    modes = adaptive_modes(s.rules, s.budgets, s.kl_thresholds, s.router_probs)
+    modes = adaptive_modes(s.rules, s.budgets, s.kl_thresholds, s.router_probs, s.gate_thresholds)
     check_ceiling(s.ceiling)
     require_looped(model)
+    gates = [GateHalt(model, t) for t, _mode in todo_pairs(s.gate_thresholds, modes, "gate", want)]
     run = _AdaptiveRun(
         model, cfg, s.ceiling, dataset, split, s.calib_split, max_tokens, s.calib_max_tokens,
         batch_size or cfg.eval.batch_size, s.label_threshold, s.skip, s.timing_repeats,
@@ -450,8 +472,7 @@ def evaluate_adaptive(
     )  # fmt: skip
 
     def todo(rule: str, values: Sequence[float]) -> list[tuple[float, str]]:
-        pairs = list(zip([float(v) for v in values], modes.get(rule, [])))
-        return [(v, m) for v, m in pairs if want is None or m in want]
+        return todo_pairs(values, modes, rule, want)
 
     results: list[dict[str, Any]] = []
     if todo("maxtoken", s.budgets):
@@ -459,6 +480,7 @@ def evaluate_adaptive(
     results += [run.per_token(KLHalt(thr)) for thr, _mode in todo("kl", s.kl_thresholds)]
     if todo("router", s.router_probs):
         results += run.router(todo("router", s.router_probs))
+    results += [run.per_token(g) for g in gates]  # the model's own exit rule (Ouro's gate)
     uniform = {
         T: time_uniform(model, run.data(), T, device=device, repeats=s.timing_repeats)
         for T in sorted({int(t) for t in s.timing_depths})

@@ -101,7 +101,8 @@ def per_token_halting(
     *,
     skip: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token halting with frozen states: ``(h_final (B, L, d), depth (B, L) int64)``.
+    """Per-token halting with frozen states: ``(h_final (B, L, d), depth (B, L) int64)``;
+    ``h_final`` is what the readout reads (the frozen states through the model's coda, if any).
 
     ``decide(t, h_act, logp_act, logp_prev_act) -> (N_active,) bool`` is asked after every loop
     t < C about the tokens still active (``logp`` are log-softmax outputs, None when
@@ -116,7 +117,7 @@ def per_token_halting(
     halting = TokenHalting(decide, skip=skip)
     for last in model.unroll(model.prepare(x), ceiling, halting=halting):  # noqa: B007
         pass
-    return last.hidden, halting.depth
+    return model.finish(last.hidden, last.context), halting.depth
 
 
 @torch.no_grad()
@@ -200,11 +201,14 @@ def harvest_router_data(
     for x, y in tqdm(batches, disable=not progress, desc="harvest", leave=False):
         x, y = x.to(device), y.to(device)
         valid = y != IGNORE_INDEX
-        steps = model.unroll(model.prepare(x), max(ceiling - 1, 1))  # decisions at t = 1 … C−1
-        prev = PreviousReadout(model, next(steps).hidden[valid])
+        ctx = model.prepare(x)
+        steps = model.unroll(ctx, max(ceiling - 1, 1))  # decisions at t = 1 … C−1
+        # the labels read out what the readout reads (through any coda); the features read h_t
+        prev = PreviousReadout(model, model.finish(next(steps).hidden, ctx)[valid])
         for st in steps if ceiling > 1 else ():
             h = st.hidden[valid]  # (N, d)
-            kl = prev.advance(h, lambda _c, lp, lpp: readout_kl(lp, lpp))  # (N,)
+            read = model.finish(st.hidden, ctx)[valid]
+            kl = prev.advance(read, lambda _c, lp, lpp: readout_kl(lp, lpp))  # (N,)
             feats.append(LinearRouter.features(h).cpu())
             labels.append((kl < label_threshold).float().cpu())
     if not feats:

@@ -27,7 +27,8 @@ from looplm.settings import build_settings
 
 @register_kind
 class AdaptiveDepth(EvaluationKind):
-    """The max-token, KL-halting and router rules, calibrated on ``calib_split``."""
+    """The max-token, KL-halting and router rules (and a model's own exit gate on request),
+    calibrated on ``calib_split``."""
 
     name = "adaptive"
     section = "adaptive"
@@ -59,7 +60,9 @@ class AdaptiveDepth(EvaluationKind):
         )[0]
         out = []
         s = self.settings
-        modes = adaptive_modes(s.rules, s.budgets, s.kl_thresholds, s.router_probs)
+        modes = adaptive_modes(
+            s.rules, s.budgets, s.kl_thresholds, s.router_probs, s.gate_thresholds
+        )
         for rule, ms in modes.items():
             cal = adaptive_calibration(rule, s.calib_split, s.calib_max_tokens, s.label_threshold)
             out += [{**base, "adaptive_mode": m, "calibration": cal} for m in ms]

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from looplm.device import DEVICES
 from looplm.settings import setting
 
-RULES = ("maxtoken", "kl", "router")  # the stopping rules
+RULES = ("maxtoken", "kl", "router", "gate")  # the stopping rules
+DEFAULT_RULES = ("maxtoken", "kl", "router")  # gate: only models with a learned exit gate (Ouro)
 DEFAULT_CEILING = 48  # the loop ceiling C
 DEFAULT_BUDGETS = (8, 16, 24)  # maxtoken: calibrated mean depths
 DEFAULT_KL_THRESHOLDS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)  # kl: halting thresholds
 DEFAULT_ROUTER_PROBS = (0.5, 0.7, 0.9)  # router: probability thresholds
+DEFAULT_GATE_THRESHOLDS = (0.5, 0.9)  # gate: cumulative exit probability thresholds
 DEFAULT_LABEL_THRESHOLD = 1e-2  # router: KL under which a token counts as converged
 MAX_CEILING = 4096  # soft cap: a ceiling costs up to C block applications per token
 
@@ -24,13 +26,16 @@ class AdaptiveSettings:
 
     # the loop ceiling (the rows' depth)
     ceiling: int = setting(DEFAULT_CEILING, lo=1, loops=True, what="the loop ceiling C")
-    rules: list[str] = setting(list(RULES), choices=RULES)  # stopping rules: maxtoken, kl, router
+    # stopping rules: maxtoken, kl, router; gate (the model's own exit gate: Ouro) on request
+    rules: list[str] = setting(list(DEFAULT_RULES), choices=RULES)
     # maxtoken: mean depths the threshold is calibrated to
     budgets: list[float] = setting(list(DEFAULT_BUDGETS), lo=1, cap=MAX_CEILING)
     # kl: halting thresholds
     kl_thresholds: list[float] = setting(list(DEFAULT_KL_THRESHOLDS), lo=0)
     # router: halt when P(converged) >= p
     router_probs: list[float] = setting(list(DEFAULT_ROUTER_PROBS), lo=0, hi=1)
+    # gate: halt when the exit gate's cumulative exit probability reaches each of these
+    gate_thresholds: list[float] = setting(list(DEFAULT_GATE_THRESHOLDS), lo=0, hi=1)
     # router: KL under which a token counts as converged (its label)
     label_threshold: float = setting(DEFAULT_LABEL_THRESHOLD, lo=0)
     calib_split: str = "validation"  # split the max-token rule and the router are calibrated on

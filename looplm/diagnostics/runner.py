@@ -125,15 +125,18 @@ class _Measured:
         )
         del biases
         self.per_batch.setdefault("E_energy", []).append(cf["E_energy"])
-        s, n = _nll_sum(model, ctx.anchor + cf["delta_T"], y)
-        s_bar, _ = _nll_sum(model, ctx.anchor + cf["delta_bar_T"], y)
+        # readouts read what the model's readout reads: h through the exit map and any coda
+        s, n = _nll_sum(model, model.finish(ctx.anchor + cf["delta_T"], ctx), y)
+        s_bar, _ = _nll_sum(model, model.finish(ctx.anchor + cf["delta_bar_T"], ctx), y)
         self.nll, self.nll_bar, self.n_scored = (
             self.nll + s,
             self.nll_bar + s_bar,
             self.n_scored + n,
         )
         # convergence
-        kl = successive_kl(model.readout, states, model.config.vocab_size).cpu()  # (T, B, L)
+        read = [model.finish(h, ctx) for h in states]  # the states themselves without a coda
+        kl = successive_kl(model.readout, read, model.config.vocab_size).cpu()  # (T, B, L)
+        del read
         chg = relative_state_change(states).cpu()
         valid = torch.ones(x.shape, dtype=torch.bool) if pad_id is None else (x != pad_id).cpu()
         self.kl_sum += (kl * valid).sum(dim=(1, 2))
@@ -209,11 +212,6 @@ class _Measured:
 def _check_batches(model: torch.nn.Module, batches: Sequence) -> None:
     if not getattr(model, "is_looped", False):
         raise LoopLMError("diagnostics need a looped model with a shared block and an anchor")
-    if model.config.coda_layers:
-        raise LoopLMError(
-            f"diagnostics read out loop states directly; model.coda_layers="
-            f"{model.config.coda_layers} is not supported (use coda_layers=0)"
-        )
     if not batches:
         raise LoopLMError("no batches to measure (check --batches and the data)")
     shapes = {tuple(x.shape) for x, _ in batches}

@@ -28,12 +28,6 @@ def require_looped(model: torch.nn.Module) -> None:
         )
     if model.training:
         raise LoopLMError("adaptive evaluation needs the model in eval mode (call model.eval())")
-    if getattr(model.config, "coda_layers", 0):
-        raise LoopLMError(
-            f"adaptive depth reads out intermediate loop states; a model with "
-            f"model.coda_layers={model.config.coda_layers} would need the coda at every step "
-            "(use coda_layers=0)"
-        )
 
 
 def check_ceiling(ceiling: int) -> int:

@@ -19,7 +19,9 @@ step, which rows the shared core computes and which states change. Two kinds exi
 A decision is a callable ``decide(t, h, cur, prev) -> (n,) bool`` over the n active tokens (rows
 of ``h`` in row-major order of the active tokens). What it compares is declared by attributes:
 ``needs_logits`` (default True) — ``cur``/``prev`` are ``log p_t``/``log p_{t−1}`` (float32,
-asked chunk by chunk of rows, so a decision that reads them must be row-wise);
+asked chunk by chunk of rows, so a decision that reads them must be row-wise), read out from
+``model.finish(h_t)`` (through the exit map and any coda layers, as the final readout; without a
+KV cache only: a cached pass cannot run its coda once per step);
 ``needs_hidden`` — ``cur``/``prev`` are ``h_t``/``h_{t−1}``; ``needs_tokens`` — ``cur`` holds the
 active tokens' flat indices into the (B·L) batch (a decision with per-token memory, told of a new
 unroll by ``start(n, device)``); neither — both are None.
@@ -223,6 +225,7 @@ class TokenHalting:
         self.depth: torch.Tensor | None = None
         self.n_active = 0
         self._prev: PreviousReadout | PreviousHidden | None = None
+        self._finish: Callable | None = None
         self._kv_core: KeysValuesOnly | None = None
 
     @property
@@ -249,7 +252,17 @@ class TokenHalting:
             table = PreviousReadout
         elif getattr(self.decide, "needs_hidden", False):
             table = PreviousHidden
-        self._prev = table(model, step.hidden.reshape(B * L, -1)) if table else None
+        # A readout-based rule reads what the readout reads: the state through the model's exit
+        # map and coda (``model.finish``, identity for most looped models), over the whole
+        # sequence since coda layers attend across positions.
+        self._finish = getattr(model, "finish", None) if table is PreviousReadout else None
+        first = self._read(step) if table is PreviousReadout else step.hidden
+        self._prev = table(model, first.reshape(B * L, -1)) if table else None
+
+    def _read(self, step) -> torch.Tensor:
+        """What the readout reads at ``step`` (B, L, d): ``model.finish(h_t)`` — the hidden
+        state itself for a model without exit map or coda."""
+        return step.hidden if self._finish is None else self._finish(step.hidden, step.context)
 
     def bind(self, core) -> None:
         """Before a step: the core computes the active rows (all while every token is active)."""
@@ -279,7 +292,12 @@ class TokenHalting:
         else:
             decide = self.decide
             ask = lambda c, cur, prev: decide(t, h_act[c], cur, prev)  # noqa: E731
-            halt = self._prev.advance(h_act, ask, None if dense else self.active.view(-1))
+            r_act = h_act
+            if self._finish is not None:
+                r = self._read(step)
+                if r is not h:
+                    r_act = r.reshape(B * L, -1) if dense else r[self.active]
+            halt = self._prev.advance(r_act, ask, None if dense else self.active.view(-1))
         if bool(halt.any()):
             stop = (
                 halt.view(B, L) if dense else self.active.clone().index_put_((self.active,), halt)
