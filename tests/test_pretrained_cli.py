@@ -20,6 +20,7 @@ from looplm.cli import main
 from looplm.data import get_tokenizer
 from looplm.diagnostics.runner import DiagnoseSettings, diagnose_model
 from looplm.lens.jacobian import fit_jacobian_lens
+from looplm.lens.layers import core_layers, fit_layer_lens
 from looplm.model.halting import KLHalt
 
 TRAINED = {"parcae": 8, "huginn": 32, "ouro": 4}
@@ -248,3 +249,66 @@ def test_pretrained_lm_eval_log_likelihoods_are_looplm_nll(imported, family, tmp
         ((ll, _greedy),) = s["resps"][0]
         (row,) = lambada_sweep(model.eval(), [item], [2])
         assert -ll == pytest.approx(row["sum_nll"], rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["huginn", "ouro"])
+def test_pretrained_lens_per_core_layer_is_the_jacobian_of_the_readout_state(family):
+    """J_v of the per-layer lens equals finite differences: the stream entering core layer
+    i ≥ 1 of step t nudged by ε·e_j at one source position (added to layer i − 1's last output
+    norm, whose output the stream sums as it is), the change of finish(h_T) summed over that
+    and later positions, averaged over the source positions. For Ouro, whose core reads the
+    loop state itself, the lens entering layer 0 of step t is the per-step lens of step t − 1."""
+    model = load(family).double().eval()
+    x = _ids(4, (1, 4))
+    T, eps = 2, 1e-6
+    lens = fit_layer_lens(model, [x], T)
+    k = lens.meta["core_layers"]
+    assert lens.meta["depth"] == T and lens.loops == T * k - 1
+
+    def final(call=None, p=0, j=0):
+        calls = []
+
+        def nudge(_m, _args, out):
+            calls.append(1)
+            if len(calls) - 1 != call:
+                return None
+            out = out.clone()
+            out[0, p, j] += eps
+            return out
+
+        hooks = [layer.norm4.register_forward_hook(nudge) for layer in core_layers(model)]
+        try:
+            with torch.no_grad():
+                ctx = model.prepare(x)
+                for last in model.unroll(ctx, T):  # noqa: B007
+                    pass
+                return model.finish(last.hidden, ctx)[0]  # (L, d)
+        finally:
+            for h in hooks:
+                h.remove()
+
+    base = final()
+    for v in (1, k - 1, k + 1, T * k - 1):  # layers i >= 1 of both steps
+        J = torch.zeros_like(lens.jacobians[v])
+        for j in range(J.shape[1]):
+            for p in range(x.shape[1]):
+                J[:, j] += (final(v - 1, p, j) - base)[p:].sum(0) / eps
+        close(lens.jacobians[v], J / x.shape[1], tol=1e-4)
+    if family == "ouro":
+        per_step = fit_jacobian_lens(model, [x], T)
+        for t in range(1, T + 1):
+            close(lens.jacobians[(t - 1) * k], per_step.jacobians[t - 1], tol=1e-9)
+
+
+def test_pretrained_lens_command_per_core_layer(imported, tmp_path):
+    root, ckpt = imported
+    args = ["lens", str(ckpt["huginn"]), "--out", str(tmp_path), "--data", f"text:{root / 'corpus.txt'}",
+            "--seq-len", "16", "--prompts", "2", "--eval-prompts", "2", "--batch-size", "2",
+            "--loops", "2", "--extrapolate", "", "--interventions", "", "--tuned-steps", "0",
+            "--n-boot", "10", "--layers"]  # fmt: skip
+    assert main(args) == 0
+    lay = json.loads((tmp_path / "lens.json").read_text())["layers"]
+    assert lay["core_layers"] == 4 and len(lay["arms"]["jacobian"]["kl"]) == 8
+    assert set(lay["arms"]) == {"jacobian", "logit"}
+    assert (tmp_path / "lens_layers_T2" / "lens.json").is_file()
+    assert (tmp_path / "lens_layers.png").is_file()

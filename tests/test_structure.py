@@ -306,15 +306,18 @@ def test_kv_cache_serves_prelude_core_and_coda(positions: str) -> None:
     assert torch.equal(a, generate(model, ids[:, :4], 6, loops=3, use_cache=False))
 
 
-def test_adaptive_depth_and_diagnostics_refuse_coda_models_and_follow_the_mask() -> None:
+def test_adaptive_depth_reads_through_the_coda_and_follows_the_mask() -> None:
     from looplm.evaluate.adaptive import maxtoken_forward
     from looplm.evaluate.halting import KLHalt, per_token_halting
 
     torch.manual_seed(0)
-    coda = looplm.build_model("tiny", "scse", coda_layers=1).eval()
+    coda = looplm.build_model("tiny", "scse", coda_layers=1, dropout=0.0).double().eval()
     x = torch.randint(0, 257, (2, 8))
-    with pytest.raises(LoopLMError, match="coda_layers=1"):
-        maxtoken_forward(coda, x, torch.ones_like(x, dtype=torch.bool), 0.1, 4)
+    for h in (
+        maxtoken_forward(coda, x, torch.ones_like(x, dtype=torch.bool), 0.0, 4)[0],
+        per_token_halting(coda, x, KLHalt(0.0), 4)[0],
+    ):  # no token halts: what the readout reads at the ceiling, through the coda
+        torch.testing.assert_close(coda.readout(h), coda(x, loops=4))
     graph = looplm.build_model(
         "tiny", "looped", d_model=32, n_heads=2, d_ff=64, dropout=0.0, attention="adjacency",
         positions="none",

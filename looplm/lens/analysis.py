@@ -195,6 +195,9 @@ def analyse_lens(
         lenses[Tx] = lx
         result["fidelity"][str(Tx)] = fx
 
+    if opts.layers:
+        _say(f"fitting per core layer at T={T} ({opts.mode})", say)
+        result["layers"] = _layers(model, fit_batches, eval_batches, opts, pad_id, out, timings)
     _say("workspace structure", say)
     result["structure"] = _structure(model, lenses, fit_batches, opts, pad_id, timings)
     _say("interventions", say)
@@ -215,6 +218,26 @@ def analyse_lens(
 
         result["figures"] = [str(p) for p in render_lens_figures(result, out)]
     return result
+
+
+def _layers(model, fit_batches, eval_batches, opts: LensSettings, pad_id, out, timings) -> dict:
+    """The lens per core layer at T (:mod:`looplm.lens.layers`): its fidelity per virtual layer
+    beside the logit lens on the same residual streams, and where the J-lens beats it."""
+    from looplm.lens.layers import fit_layer_lens, layer_fidelity
+
+    t0 = time.perf_counter()
+    ll = fit_layer_lens(model, fit_batches, opts.loops, opts.mode, probes=opts.probes,
+                        skip_positions=opts.skip_positions, pad_id=pad_id, seed=opts.seed,
+                        corpus=opts.corpus, progress=opts.progress)  # fmt: skip
+    ll.save(out / f"lens_layers_T{opts.loops}")
+    summary = layer_fidelity(model, ll, eval_batches, pad_id=pad_id).summary(
+        n_boot=opts.n_boot, seed=opts.seed
+    )
+    summary["band"] = {m: R.lens_band(summary, metric=m) for m in R.FIDELITY_METRICS}
+    summary["core_layers"] = ll.meta["core_layers"]
+    summary["index"] = "virtual layer v = (t − 1)·k + i: the stream entering core layer i at step t"
+    timings[f"layers_T{opts.loops}"] = time.perf_counter() - t0
+    return summary
 
 
 def _structure(model, lenses: dict, fit_batches, opts: LensSettings, pad_id, timings) -> dict:
@@ -341,6 +364,14 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         line = ", ".join(f"{a} {kl[a][mid]:.3g}" for a in arms)
         lines.append(
             f"  T={depth}: KL at t={mid}: {line}; J beats logit (KL) at steps {band or 'none'}"
+        )
+    if "layers" in result:
+        lay = result["layers"]
+        n = len(lay["arms"]["jacobian"]["kl"])
+        band = lay["band"]["kl"]["steps"]
+        lines.append(
+            f"  per core layer ({n} = T × {lay['core_layers']}): J beats logit (KL) at "
+            f"{len(band)} of {n} virtual layers"
         )
     iv = result["interventions"]
     if "swap" in iv:

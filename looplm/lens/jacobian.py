@@ -434,13 +434,18 @@ def fit_jacobian_lens(
     seed: int = 0,
     corpus: str = "",
     progress: bool = False,
+    unroll=None,
+    n_states: int | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> JacobianLens:
     """Fit ``J_t`` for t = 0 … T on ``batches`` (ids (B, L) or ``(ids, targets)`` tuples).
 
     ``mode="exact"``: d vector-Jacobian products per batch (cotangent e_i at every target
     position); ``mode="hutchinson"``: ``probes`` Rademacher cotangents per prompt (seeded by
     ``seed``). Positions holding ``pad_id`` are neither sources nor targets; the first
-    ``skip_positions`` positions of every prompt are not sources.
+    ``skip_positions`` positions of every prompt are not sources. ``unroll(model, ids, loops)
+    -> Unrolled`` with ``n_states`` states replaces the loop states (the per-layer lens,
+    :mod:`looplm.lens.layers`; the lens is then indexed 0 … n_states − 1 and records ``meta``).
     """
     if mode not in ESTIMATORS:
         raise LoopLMError(f"mode={mode!r}; allowed: {', '.join(ESTIMATORS)}")
@@ -454,7 +459,8 @@ def fit_jacobian_lens(
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     d = model.config.d_model
-    sums = [torch.zeros(d, d, dtype=torch.float64) for _ in range(loops + 1)]
+    n = loops + 1 if n_states is None else n_states
+    sums = [torch.zeros(d, d, dtype=torch.float64) for _ in range(n)]
     n_prompts = n_positions = 0
     batches = list(batches)
     if not batches:
@@ -465,8 +471,8 @@ def fit_jacobian_lens(
             for batch in batches:
                 ids = batch_ids(batch)
                 src, tgt = position_masks(ids, pad_id, skip_positions)
-                run = unroll_for_lens(model, ids, loops)
-                _accumulate(run, src, tgt, sums, mode, probes, gen)
+                run = (unroll or unroll_for_lens)(model, ids, loops)
+                accumulate(run, src, tgt, sums, mode, probes, gen)
                 n_prompts += ids.shape[0]
                 n_positions += int(src.sum())
                 bar.update(1)
@@ -476,8 +482,8 @@ def fit_jacobian_lens(
     if n_positions == 0:
         raise LoopLMError("the lens batches hold no source position (all padding?)")
     return JacobianLens(
-        jacobians={t: sums[t] / n_positions for t in range(loops + 1)},
-        loops=loops,
+        jacobians={t: sums[t] / n_positions for t in range(n)},
+        loops=n - 1,
         estimator=mode,
         n_prompts=n_prompts,
         n_positions=n_positions,
@@ -486,10 +492,11 @@ def fit_jacobian_lens(
         probes=probes if mode == "hutchinson" else 0,
         skip_positions=skip_positions,
         corpus=corpus,
+        meta=dict(meta or {}),
     )
 
 
-def _accumulate(
+def accumulate(
     run: Unrolled,
     src: torch.Tensor,
     tgt: torch.Tensor,

@@ -9,6 +9,8 @@
   random-subspace baseline.
 * ``lens_dose.png``: swap dose-response, target pair (the model's top-1 ↔ runner-up) against the
   unrelated control pair, along J-lens and logit-lens directions.
+* ``lens_layers.png`` (with ``--layers``): KL and top-1 agreement per virtual core layer, J-lens
+  against the logit lens on the same residual streams.
 """
 
 from __future__ import annotations
@@ -168,6 +170,30 @@ def plot_dose(result: dict[str, Any], path: Path) -> Path:
     return save_png(fig, path, dpi=130, tight=True)
 
 
+def plot_layers(result: dict[str, Any], path: Path) -> Path:
+    """KL(p_T ‖ lens_v) and top-1 agreement per virtual core layer (the per-layer lens), J-lens
+    and logit lens with their intervals; dotted lines separate the loop steps."""
+    lay = result["layers"]
+    k = int(lay["core_layers"])
+    fig, axes = new_figure((7.0, 5.5), nrows=2)
+    for ax, (metric, name) in zip(axes, (("kl", "KL(p_T ‖ lens_v)"), ("top1", "top-1 agreement"))):
+        for arm, rows in lay["arms"].items():
+            mean = np.array([_nan(r["mean"]) for r in rows[metric]])
+            ci = np.nan_to_num(np.array([_nan(r["ci"]) for r in rows[metric]]))
+            x = np.arange(len(mean))
+            ax.plot(x, mean, marker=".", color=ARM_COLORS.get(arm), label=ARM_NAMES.get(arm, arm))
+            ax.fill_between(x, mean - ci, mean + ci, color=ARM_COLORS.get(arm), alpha=0.2)
+        for b in range(k, len(mean), k):
+            ax.axvline(b - 0.5, color="0.7", lw=0.8, ls=":")
+        if metric == "kl":
+            ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_ylabel(name)
+    axes[0].set_title(f"per core layer at T = {result['loops']} ({k} layers per loop step)")
+    axes[1].set_xlabel("virtual layer v = (t − 1)·k + i (stream entering core layer i at step t)")
+    axes[0].legend(fontsize=8)
+    return save_png(fig, path, dpi=130, tight=True)
+
+
 def render_lens_figures(result: dict[str, Any] | str | Path, out: str | Path) -> list[Path]:
     """All lens figures from a result dict (or the path of its ``lens.json``)."""
     if not isinstance(result, dict):
@@ -181,4 +207,6 @@ def render_lens_figures(result: dict[str, Any] | str | Path, out: str | Path) ->
     ]
     if result.get("interventions", {}).get("swap"):
         paths.append(plot_dose(result, out / "lens_dose.png"))
+    if result.get("layers"):
+        paths.append(plot_layers(result, out / "lens_layers.png"))
     return paths

@@ -258,12 +258,15 @@ def fidelity(
     *,
     k: int = 5,
     pad_id: int | None = None,
+    states=None,
 ) -> Fidelity:
     """KL(p_T ‖ lens_t), top-1 agreement with the model's own top-1, and pass@k of the next token
     for every arm (objects with ``.apply(model, h, t)``) at every loop step, per prompt.
 
     KL and top-1 average over a prompt's non-pad positions; pass@k over its supervised targets
     (a batch ``(ids, targets)`` with −100 where unsupervised; ids alone: the next token).
+    ``states(model, ids) -> ([states], logits)`` gives what the arms read (default: the loop
+    states h_0 … h_T and the logits at T; the per-layer lens passes its residual streams).
     """
     check_lens_loops(model, loops)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -282,7 +285,7 @@ def fidelity(
             ids = batch_ids(batch)
             targets = _targets(batch, ids, pad_id)
             _, mask = position_masks(ids, pad_id)
-            hidden, logits = loop_states(model, ids, loops)
+            hidden, logits = (states or (lambda m, x: loop_states(m, x, loops)))(model, ids)
             logp = torch.log_softmax(logits.double(), dim=-1)
             top1 = logits.argmax(-1)
             sup = targets != IGNORE_INDEX
