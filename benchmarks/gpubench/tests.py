@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,11 @@ def run_tests(smoke: bool, report: Path) -> dict[str, Any]:
     details = [json.loads(x) for x in report.read_text().splitlines()] if report.exists() else []
     return {
         "rc": proc.returncode,
-        "summary": tail[-1] if tail else "",
+        # pytest's counts line ("4 passed in 32 s"), not whatever it printed last (warnings)
+        "summary": next(
+            (x for x in reversed(tail) if re.search(r"\d+ (passed|failed|error)", x)),
+            tail[-1] if tail else "",
+        ),  # fmt: skip
         "seconds": time.time() - t0,
         "details": details,
     }
