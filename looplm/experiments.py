@@ -24,13 +24,14 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from looplm.cells import LOCK_NAME, each_cell_locked  # noqa: F401  (LOCK_NAME: the cells' lock)
 from looplm.config import UNSHARED, RunConfig, config_from_dict, parse_overrides
 from looplm.errors import LoopLMError, yaml_problem
 from looplm.evaluate.kinds.base import DEFAULT_DEPTHS, check_keys, check_settings
@@ -409,46 +410,39 @@ def evaluate_run(
 
 
 # ----------------------------------------------------------------------------- driver
-LOCK_NAME = ".sweep.lock"  # per run folder: one sweep process trains a cell at a time
-
-
-def _each_cell_locked(
-    what: str,
-    cells: list[tuple[int, RunPlan]],
-    n: int,
-    fn: Callable[[int, RunPlan], bool],
-    wait: bool = True,
-) -> bool:
-    """``fn(i, plan)`` for every cell under its run folder's lock, so several ``looplm sweep``
-    processes on one grid share the cells: a cell another process holds is passed over, and
-    waited for at the end (then what it finished is skipped), or left to that process when not
-    ``wait``. False as soon as ``fn`` is."""
-    from looplm.io import file_lock
-
-    busy: list[tuple[int, RunPlan]] = []
-    for i, plan in cells:
-        with file_lock(plan.run_dir / LOCK_NAME, wait=False) as held:
-            if not held:
-                _log(f"[{what} {i}/{n}] {plan.label}: another process holds it; later")
-                busy.append((i, plan))
-            elif not fn(i, plan):
-                return False
-    for i, plan in busy if wait else []:
-        _log(f"[{what} {i}/{n}] {plan.label}: waiting for the other process …")
-        with file_lock(plan.run_dir / LOCK_NAME):
-            if not fn(i, plan):
-                return False
-    return True
-
-
 def _train_all(exp: Experiment, summary: dict[str, Any], show: bool) -> bool:
     """Train every run (skipping finished ones, each under its cell lock); False when a signal
     interrupted training (an interrupted cell resumes from its checkpoint on the next run)."""
     n = len(exp.runs)
-    # finished cells are passed over without their lock: another process may hold it to evaluate
-    cells = [(i, p) for i, p in enumerate(exp.runs, 1) if not _trained(p)]
+    # finished cells are passed over without their lock: another process may hold it to evaluate;
+    # so are cells with no checkpoint whose every evaluation is stored (e.g. imported from a
+    # committed export): training them again would only recompute stored rows
+    stored = _fully_stored(exp)
+    cells = [(i, p) for i, p in enumerate(exp.runs, 1) if not _trained(p) and i not in stored]
     summary["skipped_training"] = summary.get("skipped_training", 0) + n - len(cells)
-    return _each_cell_locked("train", cells, n, lambda i, p: _train_one(i, n, p, summary, show))
+    return each_cell_locked("train", cells, n, lambda i, p: _train_one(i, n, p, summary, show))
+
+
+def _fully_stored(exp: Experiment) -> set[int]:
+    """Indices (from 1) of the cells without a checkpoint whose every evaluation identity is in
+    the store already (said once per cell)."""
+    if not exp.store.is_file():
+        return set()
+    from looplm.evaluate.kinds import configure_kinds
+    from looplm.results.store import ResultsStore
+
+    out: set[int] = set()
+    with ResultsStore(exp.store) as store:
+        for i, plan in enumerate(exp.runs, 1):
+            if plan.has_checkpoint:
+                continue
+            job = eval_job(exp, plan)
+            ids = [x for kind in configure_kinds(exp.evaluate) for x in kind.identities(job)]
+            if ids and all(store.get(**x) is not None for x in ids):
+                _log(f"[train {i}/{len(exp.runs)}] {plan.label}: all {len(ids)} evaluations "
+                     "stored, no checkpoint needed")  # fmt: skip
+                out.add(i)
+    return out
 
 
 def _trained(plan: RunPlan) -> bool:
@@ -501,7 +495,7 @@ def _evaluate_all(
             )
             return True
 
-        _each_cell_locked("eval", cells, n, one, wait=False)
+        each_cell_locked("eval", cells, n, one, wait=False)
 
 
 def _evaluable(i: int, n: int, plan: RunPlan) -> bool:

@@ -231,3 +231,24 @@ def test_full_section_extends_the_default_grid(tmp_path) -> None:
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(LoopLMError, match="unknown key full.bogus"):
         load_experiment(tmp_path / "b.yaml", full=True)
+
+
+def test_sweep_does_not_retrain_a_cell_whose_evaluations_are_all_stored(tmp_path):
+    """A grid whose checkpoints are gone but whose rows were kept (e.g. imported from a committed
+    export) trains only the cells with a missing row."""
+    import shutil
+
+    path = make_experiment(tmp_path)
+    exp = load_experiment(path)
+    run_experiment(path, progress=False, report=False)
+    for plan in exp.runs:
+        shutil.rmtree(plan.run_dir / "ckpt")
+    with ResultsStore(exp.store) as store:
+        assert (
+            store.delete(method="looped", seed=1, depth=2, dataset=exp.runs[0].cfg.data.dataset)
+            == 1
+        )
+    again = run_experiment(path, progress=False, report=False)
+    assert again["trained"] == 1 and again["skipped_training"] == 3
+    assert again["rows_written"] == 1
+    assert [p.has_checkpoint for p in exp.runs].count(True) == 1
