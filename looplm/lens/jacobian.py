@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -434,7 +434,7 @@ def fit_jacobian_lens(
     seed: int = 0,
     corpus: str = "",
     progress: bool = False,
-    unroll=None,
+    unroll: Callable[[torch.nn.Module, torch.Tensor, int], Unrolled] | None = None,
     n_states: int | None = None,
     meta: dict[str, Any] | None = None,
 ) -> JacobianLens:

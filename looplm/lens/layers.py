@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -121,8 +120,7 @@ def layer_fidelity(
     if meta.get("granularity") != "core_layer":
         raise LoopLMError("layer_fidelity needs a lens fitted by fit_layer_lens")
     T = int(meta["depth"])
-    logit = replace(L.logit_lens(model, lens.loops), meta=dict(meta))
-    arms = {"jacobian": lens, "logit": logit}
+    arms = {"jacobian": lens, "logit": L.logit_lens(model, lens.loops)}
     return fidelity(
         model,
         arms,
