@@ -330,7 +330,7 @@ def test_diagnostics_kind_writes_one_row_per_looped_run(tmp_path) -> None:
     diag_rows = [r for r in store.query() if r.eval_tag.startswith("diagnostics")]
     assert {r.method for r in diag_rows} == {"scse", "looped"}  # no anchor in the unshared model
     by = {r.method: r for r in diag_rows}
-    assert all(r.depth == 6 and r.eval_tag == "diagnostics,cap=2ex" for r in diag_rows)
+    assert all(r.depth == 6 and r.eval_tag == "diagnostics,steer=2,cap=2ex" for r in diag_rows)
     # SCSE's forcing bias is zero by construction (G(0) = 0): R_t = 0 at every step; the
     # additive-injection baseline has a nonzero anchor response
     assert by["scse"].extra["R_per_step"] == [0.0] * 6
@@ -366,6 +366,17 @@ def test_diagnostics_kind_writes_one_row_per_looped_run(tmp_path) -> None:
     assert f"| scse T=4 | ppl | 1 | {paper._fmt(fixed['scse'])} | 1 |" in text
     delta = paper._fmt(fixed["scse"] - fixed["looped"])
     assert f"| scse − looped T=4 | delta_ppl | -1 | {delta} | 1 |" in text
+    # the same cells diagnosed without steering rollouts are another measurement: new rows, not
+    # a skip; and a grid that asks for steering does not find a steering-free row and skip it
+    raw = yaml.safe_load(child.read_text())
+    raw["evaluate"]["diagnostics"] = {**diag, "steer_inputs": 0}
+    child.write_text(yaml.safe_dump(raw))
+    assert run_experiment(child, progress=False, report=False)["rows_written"] == 2
+    tags = sorted(r.eval_tag for r in store.query(method="looped") if "diag" in r.eval_tag)
+    assert tags == ["diagnostics,cap=2ex", "diagnostics,steer=2,cap=2ex"]
+    # the report reads the row that holds the steering summary
+    text = paper.entry_report(paper.load_entry(child), figures_dir=tmp_path / "fig")
+    assert f"| looped | dose_fraction_min | 0.25 | {paper._fmt(lo)} | 1 |" in text
 
 
 def test_diagnostics_settings_are_checked(tmp_path) -> None:

@@ -11,7 +11,8 @@ and the per-token convergence statistics come out of a sweep::
 ``looplm diagnose`` plus the split).
 
 One row per looped run (unshared Transformers have no anchor and are left out) at the diagnosed
-depth T: ``eval_tag`` ``diagnostics`` (a sweep's rows add ``cap=<batches·batch_size>ex``), the
+depth T: ``eval_tag`` ``diagnostics`` (``steer=<inputs>`` added when steering rollouts are
+measured; a sweep's rows add ``cap=<batches·batch_size>ex``), the
 token-level NLL of the ordinary unroll at T on the measured windows, and in ``extra`` the summary,
 the per-step curves (R_t, random-direction gain, E_Δ,t, bias and update energies, the
 bias-subtraction E_t), the successive-output KL per loop, the convergence statistics (median
@@ -103,8 +104,12 @@ class Diagnostics(EvaluationKind):
     def tag(self, job: EvalJob) -> str:
         from looplm.evaluate.records import eval_tag
 
-        base = ",".join(x for x in (EVAL_TAG, job.evaluate.get("tag", "")) if x)
-        return eval_tag(base, max_examples=self.settings.batches * self.settings.batch_size)
+        s = self.settings
+        # rows with steering rollouts are a different measurement from rows without: a grid
+        # asking for them must not find a steering-free row of the same cell and skip
+        steer = min(s.steer_inputs, s.batch_size * s.batches)
+        parts = (EVAL_TAG, f"steer={steer}" if steer else "", job.evaluate.get("tag", ""))
+        return eval_tag(",".join(x for x in parts if x), max_examples=s.batches * s.batch_size)
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.data.corpora import canonical_split

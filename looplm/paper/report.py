@@ -89,7 +89,11 @@ class _Measured:
     def diagnostics(self, method: str, scale: str | None) -> dict[int, dict[str, Any]]:
         # filter before keying by seed: a seed also has fixed-depth rows at the same settings
         rows = self.matching(method, scale, adaptive_mode="")
-        return {r.seed: r.extra for r in rows if r.eval_tag.startswith("diagnostics")}
+        diag = [r for r in rows if r.eval_tag.startswith("diagnostics")]
+        # a seed measured with and without steering rollouts: the row that has them (the other
+        # statistics are the same measurement)
+        diag.sort(key=lambda r: bool((r.extra or {}).get("steering")))
+        return {r.seed: r.extra for r in diag}
 
 
 def _shown(path: Path) -> str:
