@@ -20,7 +20,7 @@ from looplm.cli import main
 from looplm.data import get_tokenizer
 from looplm.diagnostics.runner import DiagnoseSettings, diagnose_model
 from looplm.lens.jacobian import fit_jacobian_lens
-from looplm.lens.layers import core_layers, fit_layer_lens
+from looplm.lens.layers import fit_layer_lens, layer_counts, virtual_layers
 from looplm.model.halting import KLHalt
 
 TRAINED = {"parcae": 8, "huginn": 32, "ouro": 4}
@@ -251,21 +251,26 @@ def test_pretrained_lm_eval_log_likelihoods_are_looplm_nll(imported, family, tmp
         assert -ll == pytest.approx(row["sum_nll"], rel=1e-5, abs=1e-4)
 
 
-@pytest.mark.parametrize("family", ["huginn", "ouro"])
-def test_pretrained_lens_per_core_layer_is_the_jacobian_of_the_readout_state(family):
-    """J_v of the per-layer lens equals finite differences: the stream entering core layer
-    i ≥ 1 of step t nudged by ε·e_j at one source position (added to layer i − 1's last output
-    norm, whose output the stream sums as it is), the change of finish(h_T) summed over that
-    and later positions, averaged over the source positions. For Ouro, whose core reads the
-    loop state itself, the lens entering layer 0 of step t is the per-step lens of step t − 1."""
+@pytest.mark.parametrize("family", ["parcae", "huginn", "ouro"])
+def test_pretrained_lens_per_layer_is_the_jacobian_of_the_readout_state(family):
+    """J_v of the per-layer lens equals finite differences over the whole virtual stack (prelude,
+    core layers of every loop step, coda): the stream entering layer application v nudged by
+    ε·e_j at one source position (added to what application v − 1 of the same segment adds to
+    the stream last: its MLP's output, or its last norm's for sandwich and post norms), the change of finish(h_T) summed over that and later positions,
+    averaged over the source positions. For Ouro, whose core reads the loop state itself, the
+    lens entering layer 0 of step t is the per-step lens of step t − 1."""
     model = load(family).double().eval()
     x = _ids(4, (1, 4))
     T, eps = 2, 1e-6
     lens = fit_layer_lens(model, [x], T)
-    k = lens.meta["core_layers"]
-    assert lens.meta["depth"] == T and lens.loops == T * k - 1
+    p, k, c = layer_counts(model)
+    assert (p, k, c) == {"parcae": (2, 2, 2), "huginn": (2, 4, 2), "ouro": (0, 3, 0)}[family]
+    assert lens.meta["depth"] == T and lens.loops == p + T * k + c - 1
+    applied = [m for m in virtual_layers(model)[0]]
+    applied += [m for _ in range(T) for m in virtual_layers(model)[1]]
+    applied += [m for m in virtual_layers(model)[2]]
 
-    def final(call=None, p=0, j=0):
+    def final(call=None, pos=0, j=0):
         calls = []
 
         def nudge(_m, _args, out):
@@ -273,10 +278,12 @@ def test_pretrained_lens_per_core_layer_is_the_jacobian_of_the_readout_state(fam
             if len(calls) - 1 != call:
                 return None
             out = out.clone()
-            out[0, p, j] += eps
+            out[0, pos, j] += eps
             return out
 
-        hooks = [layer.norm4.register_forward_hook(nudge) for layer in core_layers(model)]
+        # the module whose output the layer adds to (or, post-norm, makes) the stream last
+        last = {m: m.mlp if m.norm_placement == "pre" else m.norm4 for m in applied}
+        hooks = [last[m].register_forward_hook(nudge) for m in set(applied)]
         try:
             with torch.no_grad():
                 ctx = model.prepare(x)
@@ -288,11 +295,15 @@ def test_pretrained_lens_per_core_layer_is_the_jacobian_of_the_readout_state(fam
                 h.remove()
 
     base = final()
-    for v in (1, k - 1, k + 1, T * k - 1):  # layers i >= 1 of both steps
+    # layer applications whose predecessor is the previous layer of the same segment
+    inside = [p + i for i in (1, k - 1) if 0 < i < k] + [p + k + 1, p + T * k - 1]
+    inside += [1] if p > 1 else []
+    inside += [p + T * k + 1] if c > 1 else []
+    for v in sorted(set(inside)):
         J = torch.zeros_like(lens.jacobians[v])
         for j in range(J.shape[1]):
-            for p in range(x.shape[1]):
-                J[:, j] += (final(v - 1, p, j) - base)[p:].sum(0) / eps
+            for q in range(x.shape[1]):
+                J[:, j] += (final(v - 1, q, j) - base)[q:].sum(0) / eps
         close(lens.jacobians[v], J / x.shape[1], tol=1e-4)
     if family == "ouro":
         per_step = fit_jacobian_lens(model, [x], T)
@@ -308,7 +319,8 @@ def test_pretrained_lens_command_per_core_layer(imported, tmp_path):
             "--n-boot", "10", "--layers"]  # fmt: skip
     assert main(args) == 0
     lay = json.loads((tmp_path / "lens.json").read_text())["layers"]
-    assert lay["core_layers"] == 4 and len(lay["arms"]["jacobian"]["kl"]) == 8
+    assert (lay["prelude_layers"], lay["core_layers"], lay["coda_layers"]) == (2, 4, 2)
+    assert len(lay["arms"]["jacobian"]["kl"]) == 2 + 2 * 4 + 2
     assert set(lay["arms"]) == {"jacobian", "logit"}
     assert (tmp_path / "lens_layers_T2" / "lens.json").is_file()
     assert (tmp_path / "lens_layers.png").is_file()

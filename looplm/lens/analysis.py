@@ -234,8 +234,12 @@ def _layers(model, fit_batches, eval_batches, opts: LensSettings, pad_id, out, t
         n_boot=opts.n_boot, seed=opts.seed
     )
     summary["band"] = {m: R.lens_band(summary, metric=m) for m in R.FIDELITY_METRICS}
-    summary["core_layers"] = ll.meta["core_layers"]
-    summary["index"] = "virtual layer v = (t − 1)·k + i: the stream entering core layer i at step t"
+    for key in ("prelude_layers", "core_layers", "coda_layers"):
+        summary[key] = ll.meta[key]
+    summary["index"] = (
+        "virtual layer v: prelude layer v (v < p), core layer i at loop step t "
+        "(v = p + (t − 1)·k + i), coda layer j (v = p + T·k + j); the stream entering it"
+    )
     timings[f"layers_T{opts.loops}"] = time.perf_counter() - t0
     return summary
 
@@ -369,9 +373,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lay = result["layers"]
         n = len(lay["arms"]["jacobian"]["kl"])
         band = lay["band"]["kl"]["steps"]
+        shape = f"{lay.get('prelude_layers', 0)} + T × {lay['core_layers']} + {lay.get('coda_layers', 0)}"
         lines.append(
-            f"  per core layer ({n} = T × {lay['core_layers']}): J beats logit (KL) at "
-            f"{len(band)} of {n} virtual layers"
+            f"  per layer ({n} = {shape}): J beats logit (KL) at {len(band)} of {n} virtual layers"
         )
     iv = result["interventions"]
     if "swap" in iv:

@@ -1,22 +1,30 @@
-"""The Jacobian lens per core layer: the residual stream inside each loop step.
+"""The Jacobian lens per layer of the virtually unrolled graph: prelude, every core layer inside
+each loop step, coda.
 
 A loop step of a model whose core has k layers (Parcae 2–8, Huginn 4, Ouro the whole stack)
-applies them in sequence. Unrolled to depth T the model is a virtual stack of T·k core-layer
-applications; the lens of virtual layer v = (t − 1)·k + i (loop step t = 1 … T, core layer
-i = 0 … k − 1) reads r_v, the residual stream **entering** core layer i at step t (layer 0's is
-what the recurrence feeds its core: Parcae's injected state, Huginn's adapter output, Ouro's
-state):
+applies them in sequence; layers before the loop (the prelude, p of them) run once and layers
+after it (the coda, c) run once on the final state. Unrolled to depth T the model is a virtual
+stack of p + T·k + c layer applications (Huginn-0125 at T = 16: 2 + 4 × 16 + 2). The lens of
+virtual layer v reads r_v, the residual stream **entering** that layer application:
+
+* v = 0 … p − 1: prelude layer v;
+* v = p + (t − 1)·k + i: core layer i (0 … k − 1) at loop step t (1 … T) — layer 0's stream is
+  what the recurrence feeds its core (Parcae's injected state, Huginn's adapter output, Ouro's
+  state);
+* v = p + T·k + j: coda layer j (0 … c − 1), after the exit map and any final norm;
 
     J_v = E_{prompt, p} [ Σ_{p' ≥ p} ∂h_T[p'] / ∂r_v[p] ],   lens_v(r) = unembed(J_v · r)
 
-with h_T what the readout reads (after any coda), exactly as the per-step lens
+with h_T what the readout reads (after the coda), exactly as the per-step lens
 (:mod:`looplm.lens.jacobian`) and fitted by the same vector-Jacobian products. The streams are
 taken where every layer reads its input (a forward pre-hook on the layer's first norm), so the
-model runs its own unroll unchanged. Prelude and coda layers are not part of the virtual stack.
+model runs its own forward pass unchanged; the token embedding is the gradient leaf (weights
+frozen), so a prelude stream's derivative runs through every loop step that reads the prelude's
+output.
 
-The fitted object is a :class:`~looplm.lens.jacobian.JacobianLens` indexed by v = 0 … T·k − 1
-(its ``loops`` is the last index, ``meta`` holds ``granularity: core_layer``, T and k), so the
-fidelity, band and file code of the per-step lens apply to it unchanged.
+The fitted object is a :class:`~looplm.lens.jacobian.JacobianLens` indexed by v = 0 … p + T·k +
+c − 1 (its ``loops`` is the last index, ``meta`` holds ``granularity: layer``, T, p, k and c), so
+the fidelity, band and file code of the per-step lens apply to it unchanged.
 """
 
 from __future__ import annotations
@@ -43,14 +51,32 @@ def core_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def virtual_layers(model: torch.nn.Module) -> tuple[list[torch.nn.Module], ...]:
+    """(prelude layers, core layers, coda layers) in the order a forward pass applies them."""
+    core = core_layers(model)
+    outer = [list(getattr(model, name, ())) for name in ("prelude", "coda")]
+    for layer in outer[0] + outer[1]:
+        if not hasattr(layer, "norm1"):
+            raise LoopLMError(f"layers of type {type(layer).__name__} have no input norm")
+    return outer[0], core, outer[1]
+
+
+def layer_counts(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(p, k, c): prelude, core and coda layer counts."""
+    pre, core, coda = virtual_layers(model)
+    return len(pre), len(core), len(coda)
+
+
 @contextmanager
-def core_layer_inputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Within the block: a list that fills with the residual stream entering every core-layer
-    application, in order (loop step by loop step, layer by layer)."""
+def layer_inputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Within the block: a list that fills with the residual stream entering every layer
+    application in execution order (prelude, then loop step by loop step and layer by layer,
+    then coda)."""
     seen: list[torch.Tensor] = []
     hooks = [
         layer.norm1.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
-        for layer in core_layers(model)
+        for group in virtual_layers(model)
+        for layer in group
     ]
     try:
         yield seen
@@ -59,11 +85,28 @@ def core_layer_inputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
             h.remove()
 
 
-def _check_count(streams: list[torch.Tensor], loops: int, k: int) -> None:
-    if len(streams) != loops * k:  # a recurrence that calls its core other than once per step
+@contextmanager
+def _embedding_leaf(model: torch.nn.Module) -> Iterator[None]:
+    """The token embedding's output made a gradient leaf while the weights are frozen, so every
+    later stream (prelude, loop, coda) is a node of one graph."""
+    embed = model.embed
+
+    def leaf(*args: Any, **kw: Any) -> torch.Tensor:
+        return embed(*args, **kw).detach().requires_grad_(True)
+
+    model.embed = leaf  # an instance attribute shadowing the method, removed below
+    try:
+        yield
+    finally:
+        del model.embed
+
+
+def _check_count(streams: list[torch.Tensor], loops: int, counts: tuple[int, int, int]) -> None:
+    p, k, c = counts
+    if len(streams) != p + loops * k + c:  # a recurrence that calls its core other than once a step
         raise LoopLMError(
-            f"the unroll applied core layers {len(streams)} times; a per-layer lens needs "
-            f"{loops} steps × {k} layers"
+            f"the forward pass applied layers {len(streams)} times; a per-layer lens needs "
+            f"{p} prelude + {loops} steps × {k} core + {c} coda layers"
         )
 
 
@@ -71,15 +114,15 @@ def _check_count(streams: list[torch.Tensor], loops: int, k: int) -> None:
 def layer_states(
     model: torch.nn.Module, ids: torch.Tensor, loops: int
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """([r_0 … r_{T·k−1}], the model's logits at depth T) from one unroll."""
+    """([r_0 … r_{p+T·k+c−1}], the model's logits at depth T) from one forward pass."""
     L.check_lens_loops(model, loops)
-    k = len(core_layers(model))
-    with core_layer_inputs(model) as seen:
+    counts = layer_counts(model)
+    with layer_inputs(model) as seen:
         ctx = model.prepare(ids)
         for last in model.unroll(ctx, loops):  # noqa: B007
             pass
         logits = model.readout(model.finish(last.hidden, ctx))
-    _check_count(seen, loops, k)
+    _check_count(seen, loops, counts)
     return seen, logits
 
 
@@ -90,22 +133,27 @@ def fit_layer_lens(
     mode: str = "exact",
     **fit: Any,
 ) -> L.JacobianLens:
-    """Fit ``J_v`` for every virtual layer v = 0 … T·k − 1 (the keyword arguments of
+    """Fit ``J_v`` for every virtual layer v = 0 … p + T·k + c − 1 (the keyword arguments of
     :func:`~looplm.lens.jacobian.fit_jacobian_lens`: probes, skip_positions, pad_id, seed,
     corpus, progress)."""
     L.check_lens_loops(model, loops)
-    k = len(core_layers(model))
+    counts = layer_counts(model)
+    p, k, c = counts
 
     def unroll(m: torch.nn.Module, ids: torch.Tensor, T: int) -> L.Unrolled:
-        with core_layer_inputs(m) as seen:
-            run = L.unroll_for_lens(m, ids, T)
-        _check_count(seen, T, k)
+        with _embedding_leaf(m), layer_inputs(m) as seen, torch.enable_grad():
+            ctx = m.prepare(ids)
+            for last in m.unroll(ctx, T):  # noqa: B007
+                pass
+            final = m.finish(last.hidden, ctx)
+        _check_count(seen, T, counts)
         # the streams are the states of this fit: no change of coordinates
-        return L.Unrolled(run.context, [L.LoopStep(0, r, None, None) for r in seen], run.final)
+        return L.Unrolled(ctx, [L.LoopStep(0, r, None, None) for r in seen], final)
 
-    meta = {"granularity": "core_layer", "depth": loops, "core_layers": k}
+    meta = {"granularity": "layer", "depth": loops, "prelude_layers": p, "core_layers": k,
+            "coda_layers": c}  # fmt: skip
     return L.fit_jacobian_lens(
-        model, batches, loops, mode, unroll=unroll, n_states=loops * k, meta=meta, **fit
+        model, batches, loops, mode, unroll=unroll, n_states=p + loops * k + c, meta=meta, **fit
     )
 
 
@@ -117,7 +165,7 @@ def layer_fidelity(
     from looplm.lens.readout import fidelity
 
     meta = lens.meta or {}
-    if meta.get("granularity") != "core_layer":
+    if meta.get("granularity") != "layer":
         raise LoopLMError("layer_fidelity needs a lens fitted by fit_layer_lens")
     T = int(meta["depth"])
     arms = {"jacobian": lens, "logit": L.logit_lens(model, lens.loops)}
@@ -131,4 +179,12 @@ def layer_fidelity(
     )
 
 
-__all__ = ["core_layer_inputs", "core_layers", "fit_layer_lens", "layer_fidelity", "layer_states"]
+__all__ = [
+    "core_layers",
+    "fit_layer_lens",
+    "layer_counts",
+    "layer_fidelity",
+    "layer_inputs",
+    "layer_states",
+    "virtual_layers",
+]

@@ -171,10 +171,11 @@ def plot_dose(result: dict[str, Any], path: Path) -> Path:
 
 
 def plot_layers(result: dict[str, Any], path: Path) -> Path:
-    """KL(p_T ‖ lens_v) and top-1 agreement per virtual core layer (the per-layer lens), J-lens
-    and logit lens with their intervals; dotted lines separate the loop steps."""
+    """KL(p_T ‖ lens_v) and top-1 agreement per virtual layer (the per-layer lens), J-lens and
+    logit lens with their intervals; dotted lines separate the prelude, the loop steps and the
+    coda."""
     lay = result["layers"]
-    k = int(lay["core_layers"])
+    p, k, c = (int(lay.get(f"{n}_layers", 0)) for n in ("prelude", "core", "coda"))
     fig, axes = new_figure((7.0, 5.5), nrows=2)
     for ax, (metric, name) in zip(axes, (("kl", "KL(p_T ‖ lens_v)"), ("top1", "top-1 agreement"))):
         for arm, rows in lay["arms"].items():
@@ -183,13 +184,16 @@ def plot_layers(result: dict[str, Any], path: Path) -> Path:
             x = np.arange(len(mean))
             ax.plot(x, mean, marker=".", color=ARM_COLORS.get(arm), label=ARM_NAMES.get(arm, arm))
             ax.fill_between(x, mean - ci, mean + ci, color=ARM_COLORS.get(arm), alpha=0.2)
-        for b in range(k, len(mean), k):
-            ax.axvline(b - 0.5, color="0.7", lw=0.8, ls=":")
+        for b in range(p, len(mean) - c + 1, k):  # the first layer of every step, the coda's
+            if 0 < b < len(mean):
+                ax.axvline(b - 0.5, color="0.7", lw=0.8, ls=":")
         if metric == "kl":
             ax.set_yscale("symlog", linthresh=1e-3)
         ax.set_ylabel(name)
-    axes[0].set_title(f"per core layer at T = {result['loops']} ({k} layers per loop step)")
-    axes[1].set_xlabel("virtual layer v = (t − 1)·k + i (stream entering core layer i at step t)")
+    axes[0].set_title(
+        f"per layer at T = {result['loops']}: {p} prelude + {k} per loop step + {c} coda"
+    )
+    axes[1].set_xlabel("virtual layer v = p + (t − 1)·k + i (stream entering each layer)")
     axes[0].legend(fontsize=8)
     return save_png(fig, path, dpi=130, tight=True)
 

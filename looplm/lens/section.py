@@ -34,7 +34,7 @@ import numpy as np
 from looplm.errors import LoopLMError
 from looplm.results.sections import ReportSection, register_section
 from looplm.results.stats import paired_bootstrap_ci
-from looplm.results.store import EvalRecord, ResultsStore, group_by
+from looplm.results.store import EvalRecord, group_by
 from looplm.results.vocabulary import IN_DIRECTION, NOT_REPRODUCED, NOT_RUN, REPRODUCED, weakest
 
 SUMMARY = "lens:summary"
@@ -66,10 +66,12 @@ def is_lens_record(rec: EvalRecord) -> bool:
 
 
 def lens_records(store: str | Path, protocol: str | None = None) -> list[EvalRecord]:
-    """Every lens row of ``store`` (optionally of one protocol)."""
-    with ResultsStore(store) as st:
-        recs = st.query(**({"protocol": protocol} if protocol else {}))
-    return [r for r in recs if is_lens_record(r)]
+    """Every lens row of ``store`` — a SQLite store or its export (``docs/data/lens.jsonl``) —
+    optionally of one protocol."""
+    from looplm.results.export import load_records
+
+    recs = load_records(store)
+    return [r for r in recs if is_lens_record(r) and protocol in (None, r.protocol)]
 
 
 def _mean_over_seeds(per_seed: list[np.ndarray]) -> np.ndarray:

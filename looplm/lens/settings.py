@@ -54,8 +54,8 @@ class LensSettings(LensFit):
     interventions: tuple[str, ...] = setting(("swap",), choices=INTERVENTIONS)
     strengths: tuple[float, ...] = setting((0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0), lo=0)  # doses
     composition: bool = True  # fit the one-step Jacobians (costs about one exact fit)
-    # also fit a lens per core layer inside each loop step at T (the virtually unrolled graph;
-    # costs about one fit at T per core layer)
+    # also fit a lens per layer of the virtually unrolled graph at T (prelude, every core layer of
+    # every loop step, coda; costs about one fit at T per core layer)
     layers: bool = False
     seed: int = setting(0, lo=0)  # seed of probes, subsamples, bootstrap
     n_boot: int = setting(2000, lo=1, cap=1_000_000)  # bootstrap resamples of the intervals
