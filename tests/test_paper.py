@@ -19,6 +19,7 @@ import yaml
 from looplm import paper
 from looplm.errors import LoopLMError
 from looplm.experiments import load_experiment, run_experiment
+from looplm.paper.report import one_per_checkpoint
 from looplm.results.store import ResultsStore
 from tests.conftest import REPO
 from tests.test_experiments import make_experiment
@@ -374,9 +375,13 @@ def test_diagnostics_kind_writes_one_row_per_looped_run(tmp_path) -> None:
     assert run_experiment(child, progress=False, report=False)["rows_written"] == 2
     tags = sorted(r.eval_tag for r in store.query(method="looped") if "diag" in r.eval_tag)
     assert tags == ["diagnostics,cap=2ex", "diagnostics,steer=2,cap=2ex"]
-    # the report reads the row that holds the steering summary
+    # the report reads the row that holds the steering summary, and counts each checkpoint once
     text = paper.entry_report(paper.load_entry(child), figures_dir=tmp_path / "fig")
     assert f"| looped | dose_fraction_min | 0.25 | {paper._fmt(lo)} | 1 |" in text
+    diag = [r for r in store.query() if r.eval_tag.startswith("diagnostics")]
+    kept = one_per_checkpoint(diag)
+    assert len(diag) == 4 and sorted(r.method for r in kept) == ["looped", "scse"]
+    assert all(r.eval_tag == "diagnostics,steer=2,cap=2ex" for r in kept)
 
 
 def test_diagnostics_settings_are_checked(tmp_path) -> None:

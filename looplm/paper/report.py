@@ -89,10 +89,7 @@ class _Measured:
     def diagnostics(self, method: str, scale: str | None) -> dict[int, dict[str, Any]]:
         # filter before keying by seed: a seed also has fixed-depth rows at the same settings
         rows = self.matching(method, scale, adaptive_mode="")
-        diag = [r for r in rows if r.eval_tag.startswith("diagnostics")]
-        # a seed measured with and without steering rollouts: the row that has them (the other
-        # statistics are the same measurement)
-        diag.sort(key=lambda r: bool((r.extra or {}).get("steering")))
+        diag = one_per_checkpoint([r for r in rows if r.eval_tag.startswith("diagnostics")])
         return {r.seed: r.extra for r in diag}
 
 
@@ -459,6 +456,18 @@ def _scale_groups(rows: list[Any], tier_of: Callable[[Any], str]) -> list[dict[s
     return list(groups.values())
 
 
+def one_per_checkpoint(rows: list[Any]) -> list[Any]:
+    """Diagnostics rows, one per checkpoint (model, protocol, method, seed), in their order: a
+    checkpoint measured with and without steering rollouts keeps the row that has them (its other
+    statistics are the same measurement)."""
+    keep: dict[tuple[str, str, str, int], Any] = {}
+    for r in rows:
+        key = (r.model_hash, r.protocol, r.method, r.seed)
+        if key not in keep or (r.extra or {}).get("steering"):
+            keep[key] = r
+    return [r for r in rows if keep[(r.model_hash, r.protocol, r.method, r.seed)] is r]
+
+
 def diagnostics_figures(
     records: list[Any],
     out_dir: str | os.PathLike,
@@ -483,6 +492,7 @@ def diagnostics_figures(
     )
     if not rows:
         return []
+    rows = one_per_checkpoint(rows)  # no checkpoint counts twice in a mean over seeds
     out = Path(out_dir)
     scaled = len({tier_of(r) for r in rows}) > 1
     drawn = (("r_t.png", plots.plot_rt_bars), ("anchor_steps.png", plots.plot_anchor_steps),
