@@ -37,9 +37,10 @@ remaining steps do only that K/V work, and a slot whose block input equals the p
 (SCSE's frozen deviation) gets those keys/values copied, not recomputed. Threshold 0 never halts
 (a rounding-negative KL cannot stop a token), and the pass is then the fixed-depth pass operation
 for operation: token-identical output and equal logits (tested). Prelude layers run once per token
-before the loop and coda layers once after it, on the final (possibly frozen) state; ``kl`` needs
-a readout of every intermediate state and is refused for models with coda layers (``maxtoken``
-works).
+before the loop and coda layers once after it, on the final (possibly frozen) state. ``kl`` on a
+model with coda layers reads every step through the coda, as the uncached evaluation does: the
+coda's keys/values of every step are kept for the later tokens' reads (:class:`StepCoda`; the
+prompt's too, so the prefill runs that path at threshold 0 when it does not halt).
 
 **Sliding window.** Positions are learned absolute positions 0 … context−1 by default, so cached
 keys cannot be shifted (the same rule is used for rotary and position-free models). When the next
@@ -327,6 +328,52 @@ def next_logits(
 
 
 @torch.no_grad()
+def step_readouts(model: nn.Module) -> bool:
+    """Whether KL halting reads through coda layers (which attend across positions)."""
+    return len(getattr(model, "coda", ())) > 0
+
+
+class StepCoda:
+    """``finish(h_t)`` for the KL reads of one cached pass of a model with coda layers.
+
+    The uncached per-token evaluation reads step t of every position through the coda over the
+    whole sequence, so a token's step-t read attends to the earlier positions' step-t coda
+    inputs. A cached pass keeps those: the coda's keys/values of every read step t = 0 … T − 1 go
+    to a cache of their own (``cache.step_coda``: slot t·c + j for coda layer j), written for all
+    of the pass's positions (halted ones from their frozen state); steps after every token halted
+    are not read and get the last read step's keys/values (the states no longer change)."""
+
+    def __init__(self, model: nn.Module, cache: KVCache, loops: int, n_new: int) -> None:
+        if not isinstance(cache.length, int):
+            raise LoopLMError(
+                "halt=kl on a model with coda layers needs one cache length for every row "
+                "(generate); continuous batching serves it with halt=none or update"
+            )
+        rc = getattr(cache, "step_coda", None)
+        if rc is None:
+            if cache.length:
+                raise LoopLMError(
+                    "this KV cache was filled without the coda's per-step keys/values that "
+                    "halt=kl reads on a model with coda layers; prefill it through decode()"
+                )
+            rc = cache.step_coda = StaticKVCache(model.config.context)
+        rc.length = cache.length
+        self.model, self.cache, self.loops, self.n_new = model, rc, loops, n_new
+        self.c, self.read = len(model.coda), 0
+
+    def __call__(self, h: torch.Tensor, context) -> torch.Tensor:
+        out = self.model.finish(h, context, cache=self.cache, first_slot=self.read * self.c)
+        self.read += 1
+        return out
+
+    def close(self) -> None:
+        """Steps never read (every token had halted): the last read step's keys/values."""
+        last = (self.read - 1) * self.c
+        for t in range(self.read, self.loops):
+            for j in range(self.c):
+                self.cache.copy_new(last + j, t * self.c + j, self.n_new)
+
+
 def adaptive_next_logits(
     model: nn.Module, ids: torch.Tensor, loops: int, cache: KVCache, halting: Halting
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,24 +386,23 @@ def adaptive_next_logits(
     if model.training:
         raise LoopLMError("adaptive decoding needs the model in eval mode (call model.eval())")
     kl = halting.rule == "kl"
-    if kl and halting.enabled and len(getattr(model, "coda", ())):
-        raise LoopLMError(
-            "halt=kl reads out every intermediate state, which a model with coda layers "
-            f"(model.coda_layers={len(model.coda)}) cannot do without running the coda each step; "
-            "use halt=maxtoken"
-        )
     B, L = ids.shape
+    # a coda model's KL reads go through the coda at every step: their keys/values per step are
+    # kept (also at threshold 0, so that later tokens' reads find these positions')
+    steps = StepCoda(model, cache, loops, L) if kl and step_readouts(model) else None
     ctx = _cached_context(model, ids, cache)
     core = model.core_call(ctx, cache=cache)  # one binding: the slots follow the block calls
     tokens = None
-    if halting.enabled:
+    if halting.enabled or steps is not None:
         if halting.rule == "gate":
             decide = GateHalt(model, halting.threshold)
         else:
             decide = KLHalt(halting.threshold) if kl else UpdateHalt(halting.threshold)
-        tokens = TokenHalting(decide)
+        tokens = TokenHalting(decide, finish=steps)
     for last in model.unroll(ctx, loops, core=core, halting=tokens):  # noqa: B007
         pass
+    if steps is not None:
+        steps.close()
     h = model.finish(last.hidden, ctx, cache=cache, first_slot=core.slot)
     cache.length += L
     depth = tokens.depth if tokens is not None else ids.new_full((B, L), loops, dtype=torch.long)
@@ -381,6 +427,10 @@ def _prefill(model: nn.Module, ids: torch.Tensor, loops: int, halting: Halting, 
     """A fresh cache holding ``ids`` (B, L): (cache, last logits (B, V), depth of every token
     (B, L) when ``halt`` — prefill halting, T for all at threshold 0 — else None)."""
     cache = StaticKVCache(model.config.context)
+    if halting.rule == "kl" and step_readouts(model):  # the prompt's per-step coda keys/values
+        h = halting if halt else Halting("kl", 0.0)  # threshold 0: the fixed-depth pass
+        logits, depth = adaptive_next_logits(model, ids, loops, cache, h)
+        return cache, logits, depth if halt else None
     if halt and halting.enabled:
         logits, depth = adaptive_next_logits(model, ids, loops, cache, halting)
         return cache, logits, depth

@@ -232,14 +232,29 @@ def test_adaptive_decoding_on_structural_variants(structure: str) -> None:
     torch.testing.assert_close(torch.stack(got, dim=1), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_coda_models_halt_by_maxtoken_only() -> None:
+def test_coda_models_halt_by_kl_as_the_per_token_evaluation() -> None:
+    """A coda model's KL reads go through the coda at every step, attending to the earlier
+    positions' step-t coda inputs: the cached decode's depths and tokens are the uncached
+    per-token evaluation's; a cache filled without those per-step keys/values is refused."""
+    from looplm.model.halting import KLHalt
+
     model, prompt = _model("scse", coda_layers=1), _prompts()
     fixed = generate(model, prompt, 6, loops=4)
     assert torch.equal(decode(model, prompt, 6, 4, halt="maxtoken", threshold=0.0).tokens, fixed)
+    assert torch.equal(decode(model, prompt, 6, 4, halt="kl", threshold=0.0).tokens, fixed)
     g = decode(model, prompt, 6, 4, halt="maxtoken", threshold=0.5)
     assert g.tokens.shape == (3, 13)
-    with pytest.raises(LoopLMError, match="coda"):
-        decode(model, prompt, 6, 4, halt="kl", threshold=0.01)
+    thr = _mixed_threshold(model, prompt, 4, "kl")
+    g = decode(model, prompt, 6, 4, halt="kl", threshold=thr, prefill_halt=True)
+    h, depth = per_token_halting(model, g.tokens[:, :-1], KLHalt(thr), 4)
+    P = prompt.shape[1]
+    assert len(depth.unique()) >= 2
+    assert torch.equal(g.prompt_loops, depth[:, :P]) and torch.equal(g.loops[:, 1:], depth[:, P:])
+    assert torch.equal(model.readout(h[:, P - 1 :]).argmax(-1), g.tokens[:, P:])
+    cache = StaticKVCache(model.config.context)
+    next_logits(model, prompt, 4, cache)
+    with pytest.raises(LoopLMError, match="prefill it through decode"):
+        adaptive_next_logits(model, prompt[:, :1], 4, cache, Halting("kl", thr))
 
 
 def test_preallocated_cache_equals_the_list_cache() -> None:

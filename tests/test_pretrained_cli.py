@@ -81,12 +81,38 @@ def test_pretrained_generate_prompts_with_per_token_halting(imported, family, ca
     assert all(x["new_tokens"] == 3 and 1 <= x["mean_loops"] <= 3 for x in lines)
 
 
-def test_pretrained_kl_halting_with_a_coda_says_why_in_one_line(imported, capsys):
+def test_pretrained_generate_kl_halting_through_the_coda(imported, capsys):
     _, ckpt = imported
-    code = main(["generate", str(ckpt["parcae"]), "--prompt", "the", "--max-new", "2",
-                 "--halt", "kl", "--threshold", "0.1"])  # fmt: skip
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "coda" in err and "\n" not in err
+    code = main(["generate", str(ckpt["huginn"]), "--prompt", "the", "--max-new", "3",
+                 "--halt", "kl", "--threshold", "0.01"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("family", "thr"), [("parcae", 0.1), ("huginn", 0.01)])
+def test_pretrained_cached_kl_halting_is_the_per_token_evaluation(family, thr):
+    """KL halting in cached generation on a model with coda layers reads every step through the
+    coda with the earlier positions' step-t coda inputs (kept per step in the cache): with
+    prefill halting, the prompt's and every generated token's depths and the tokens are those of
+    the uncached per-token evaluation of the whole sequence; batched decoding halts as one by
+    one; threshold 0 is fixed-depth generation."""
+    from looplm.generate import decode, generate
+
+    model = load(family).double().eval()
+    prompt = _ids(0, (2, 6))
+    T, P = 4, prompt.shape[1]
+    g = decode(model, prompt, 6, T, halt="kl", threshold=thr, prefill_halt=True)
+    h, depth = per_token_halting(model, g.tokens[:, :-1], KLHalt(thr), T)
+    assert len(depth.unique()) >= 2  # the rule acts
+    assert torch.equal(g.prompt_loops, depth[:, :P])
+    assert torch.equal(g.loops[:, 1:], depth[:, P:])
+    assert torch.equal(model.readout(h[:, P - 1 :]).argmax(-1), g.tokens[:, P:])
+    later = decode(model, prompt, 6, T, halt="kl", threshold=thr)  # prompt at full depth
+    for b in range(2):
+        one = decode(model, prompt[b : b + 1], 6, T, halt="kl", threshold=thr)
+        assert torch.equal(one.tokens[0], later.tokens[b])
+        assert torch.equal(one.loops[0], later.loops[b])
+    zero = decode(model, prompt, 6, T, halt="kl", threshold=0.0)
+    assert torch.equal(zero.tokens, generate(model, prompt, 6, loops=T))
 
 
 # ------------------------------------------------------------------ every analysis, through the coda

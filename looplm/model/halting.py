@@ -216,11 +216,16 @@ class TokenHalting:
     ``decide``: the decision (asked after every loop step t < T about the active tokens).
     ``skip``: run the core on active rows only once some token has halted (False: the dense core,
     with halted tokens' states still frozen — the same results up to rounding, no work skipped).
+    ``finish``: called as ``finish(h_t, context)`` for a readout rule's reads instead of
+    ``model.finish`` (once at t = 0, then once after every step with an active token).
     After the unroll ``depth`` (B, L) int64 holds the loop steps each token took.
     """
 
-    def __init__(self, decide: Callable, *, skip: bool = True) -> None:
+    def __init__(
+        self, decide: Callable, *, skip: bool = True, finish: Callable | None = None
+    ) -> None:
         self.decide, self.skip = decide, skip
+        self.finish = finish  # what a readout rule reads through instead of ``model.finish``
         self.active: torch.Tensor | None = None
         self.depth: torch.Tensor | None = None
         self.n_active = 0
@@ -255,7 +260,9 @@ class TokenHalting:
         # A readout-based rule reads what the readout reads: the state through the model's exit
         # map and coda (``model.finish``, identity for most looped models), over the whole
         # sequence since coda layers attend across positions.
-        self._finish = getattr(model, "finish", None) if table is PreviousReadout else None
+        # (``finish``: a cached pass's own, which keeps the coda's keys/values of every step)
+        reader = self.finish or getattr(model, "finish", None)
+        self._finish = reader if table is PreviousReadout else None
         first = self._read(step) if table is PreviousReadout else step.hidden
         self._prev = table(model, first.reshape(B * L, -1)) if table else None
 
