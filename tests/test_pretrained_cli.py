@@ -350,3 +350,62 @@ def test_pretrained_lens_command_per_core_layer(imported, tmp_path):
     assert set(lay["arms"]) == {"jacobian", "logit"}
     assert (tmp_path / "lens_layers_T2" / "lens.json").is_file()
     assert (tmp_path / "lens_layers.png").is_file()
+
+
+def test_pretrained_serve_halts_by_ouros_exit_gate(imported):
+    """`looplm serve` on imported checkpoints: halt=gate gives each token the depth Ouro's exit
+    gate gives it in `looplm generate` (alone, greedy); a model without a gate, or kl on a model
+    with coda layers, is a 400 naming what is allowed."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from looplm.generate import decode
+    from looplm.serve.app import Server, load_state
+    from looplm.serve.settings import ServeSettings
+
+    _, ckpt = imported
+
+    def post(base, body):
+        req = urllib.request.Request(
+            base + "/v1/completions", json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    cases = [("ouro", {"halt": "gate", "threshold": 0.5}, 200),
+             ("ouro", {"halt": "gate", "threshold": 1.5}, 400),
+             ("parcae", {"halt": "gate", "threshold": 0.5}, 400),
+             ("parcae", {"halt": "kl", "threshold": 0.1}, 400)]  # fmt: skip
+    for family, body, code in cases:
+        settings = ServeSettings(checkpoint=str(ckpt[family]), host="127.0.0.1", port=0, slots=2,
+                                 loops=3, model_name=family)  # fmt: skip
+        state = load_state(settings)
+        server, ready, port = Server(state), threading.Event(), []
+        thread = threading.Thread(
+            target=server.run,
+            kwargs={"on_ready": lambda p, port=port, ready=ready: (port.append(p), ready.set())},
+        )
+        thread.start()
+        try:
+            assert ready.wait(30)
+            prompt = "the quick"
+            status, out = post(f"http://127.0.0.1:{port[0]}",
+                               {"prompt": prompt, "max_tokens": 4, "temperature": 0, **body})  # fmt: skip
+        finally:
+            server.stop()
+            thread.join(30)
+        assert status == code, out
+        if code != 200:
+            msg = out["error"]["message"]
+            assert "\n" not in msg and ("allowed" in msg or "threshold" in msg)
+            continue
+        got = out["choices"][0]["looplm"]
+        ids = torch.tensor([state.tokenizer.encode(prompt)])
+        ref = decode(state.model, ids, len(got["tokens"]), 3, halt="gate", threshold=0.5)
+        assert got["tokens"] == ref.tokens[0, ids.shape[1] :].tolist()
+        assert got["loops"] == ref.loops[0].tolist() and min(got["loops"]) < 3  # the gate acts

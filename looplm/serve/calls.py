@@ -197,12 +197,21 @@ def request_depth(state: ServerState, req) -> Depth:
     threshold = s.threshold if req.threshold is None else req.threshold
     check_range("threshold", threshold, 0, float("inf"))
     prefill = s.prefill_halt if req.prefill_halt is None else req.prefill_halt
-    if rule == "kl" and threshold > 0 and len(getattr(state.model, "coda", ())):
+    gate = getattr(getattr(state.model, "recurrence", None), "exit_probability", None)
+    coda = len(getattr(state.model, "coda", ())) > 0
+    allowed = ", ".join(["none"] + ["kl"] * (not coda) + ["update"] + ["gate"] * (gate is not None))
+    if rule == "kl" and threshold > 0 and coda:
         raise ApiError(
-            400,
-            "halt=kl is not served for this model (it has coda layers); allowed: none, update",
+            400, f"halt=kl is not served for this model (it has coda layers); allowed: {allowed}",
             "halt",
-        )
+        )  # fmt: skip
+    if rule == "gate" and gate is None:
+        raise ApiError(
+            400, f"halt=gate needs a model with a learned exit gate (Ouro); allowed: {allowed}",
+            "halt",
+        )  # fmt: skip
+    if rule == "gate" and threshold > 1:
+        raise ApiError(400, f"threshold={threshold!r}: a gate threshold is in [0, 1]", "threshold")
     if rule == "none":
         threshold, prefill = 0.0, False
     return Depth(loops, rule, float(threshold), bool(prefill))

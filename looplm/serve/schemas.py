@@ -205,4 +205,4 @@ def check_neutral(req: _Common | CompletionRequest) -> None:
                 400, f"best_of={req.best_of!r} is not served; allowed: null or n", "best_of"
             )
     if req.halt is not None and req.halt not in HALT_NAMES:
-        raise ApiError(400, f"halt={req.halt!r}; allowed: {', '.join(HALT_NAMES[:3])}", "halt")
+        raise ApiError(400, f"halt={req.halt!r}; allowed: {', '.join(HALT_NAMES[:4])}", "halt")
