@@ -41,6 +41,7 @@ from looplm.generate import (
     _sample,
     adaptive_next_logits,
     next_logits,
+    step_readouts,
 )
 
 SCHEDULES = ("continuous", "static")
@@ -233,6 +234,13 @@ class Batcher:
             if not row.out.tokens:  # the prompt itself (not a window slid past the context)
                 self.prompt_loops.extend(d[0].tolist())
             self.fresh[b] = int(d[0, -1])
+        elif self.halting.rule == "kl" and step_readouts(self.model):
+            # the prompt's per-step coda keys/values for the later KL reads (threshold 0: the
+            # fixed-depth pass)
+            logits, _ = adaptive_next_logits(
+                self.model, ids, self.loops, single, Halting("kl", 0.0)
+            )
+            self.fresh[b] = self.loops
         else:
             logits = next_logits(self.model, ids, self.loops, single)
             self.fresh[b] = self.loops

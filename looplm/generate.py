@@ -254,9 +254,27 @@ class RaggedKVCache(KVCache):
         V[r, :, pos] = v.transpose(1, 2)
         return K[rows, :, :end], V[rows, :, :end]
 
-    def load_row(self, row: int, src: StaticKVCache) -> None:
-        """Row ``row`` takes the keys/values of the one-sequence cache ``src``."""
-        n = src.length
+    def copy_new(self, src: int, dst: int, n: int) -> None:
+        """Slot ``dst`` gets slot ``src``'s keys/values of the ``n`` positions being added to each
+        row of the pass (after the row's own cached ones)."""
+        rows = self.rows if self.rows is not None else torch.arange(self.n_rows)
+        if dst == len(self.buffers):
+            k, v = self.buffers[src]
+            self.buffers.append((torch.zeros_like(k), torch.zeros_like(v)))
+        pos = self._length[rows][:, None] + torch.arange(n)  # (B, n)
+        r = rows[:, None].expand_as(pos)
+        for to, frm in zip(self.buffers[dst], self.buffers[src]):
+            to[r, :, pos] = frm[r, :, pos]
+
+    def load_row(self, row: int, src: StaticKVCache, length: int | None = None) -> None:
+        """Row ``row`` takes the keys/values of the first ``length`` positions (default: all) of
+        the one-sequence cache ``src``, and of its per-step coda cache (:class:`StepCoda`) when
+        it has one."""
+        n = src.length if length is None else length
+        if getattr(src, "step_coda", None) is not None:
+            if getattr(self, "step_coda", None) is None:
+                self.step_coda = RaggedKVCache(self.capacity, self.n_rows)
+            self.step_coda.load_row(row, src.step_coda, n)  # its length follows the main cache
         if n > self.capacity:
             raise LoopLMError(f"KV cache holds {self.capacity} positions; {n} were asked for")
         for i, (k, v) in enumerate(src.buffers):
@@ -271,6 +289,8 @@ class RaggedKVCache(KVCache):
 
     def index_rows(self, rows: torch.Tensor) -> None:
         """Keep the rows ``rows`` (in that order)."""
+        if getattr(self, "step_coda", None) is not None:
+            self.step_coda.index_rows(rows)
         self.buffers = [(k[rows], v[rows]) for k, v in self.buffers]
         self._length = self._length[rows.to(self._length.device)]
         self.rows = None
@@ -280,6 +300,8 @@ class RaggedKVCache(KVCache):
         buffers grow by ``n`` rows in one copy: memory stays rows × capacity."""
         if n <= 0:
             return
+        if getattr(self, "step_coda", None) is not None:
+            self.step_coda.add_rows(n)
         self.buffers = [
             (
                 torch.cat([k, k.new_zeros(n, *k.shape[1:])]),
@@ -339,25 +361,26 @@ class StepCoda:
     The uncached per-token evaluation reads step t of every position through the coda over the
     whole sequence, so a token's step-t read attends to the earlier positions' step-t coda
     inputs. A cached pass keeps those: the coda's keys/values of every read step t = 0 … T − 1 go
-    to a cache of their own (``cache.step_coda``: slot t·c + j for coda layer j), written for all
+    to a cache of their own (``cache.step_coda``, of the main cache's kind, rows and lengths:
+    slot t·c + j for coda layer j), written for all
     of the pass's positions (halted ones from their frozen state); steps after every token halted
     are not read and get the last read step's keys/values (the states no longer change)."""
 
     def __init__(self, model: nn.Module, cache: KVCache, loops: int, n_new: int) -> None:
-        if not isinstance(cache.length, int):
-            raise LoopLMError(
-                "halt=kl on a model with coda layers needs one cache length for every row "
-                "(generate); continuous batching serves it with halt=none or update"
-            )
+        ragged = isinstance(cache, RaggedKVCache)
         rc = getattr(cache, "step_coda", None)
         if rc is None:
-            if cache.length:
+            if bool((cache._length > 0).any()) if ragged else cache.length:
                 raise LoopLMError(
                     "this KV cache was filled without the coda's per-step keys/values that "
                     "halt=kl reads on a model with coda layers; prefill it through decode()"
                 )
-            rc = cache.step_coda = StaticKVCache(model.config.context)
-        rc.length = cache.length
+            rc = RaggedKVCache(cache.capacity, cache.n_rows) if ragged else None
+            rc = cache.step_coda = rc or StaticKVCache(model.config.context)
+        if ragged:  # the main cache's rows and lengths (a pass may run on a subset of rows)
+            rc._length, rc.rows = cache._length.clone(), cache.rows
+        else:
+            rc.length = cache.length
         self.model, self.cache, self.loops, self.n_new = model, rc, loops, n_new
         self.c, self.read = len(model.coda), 0
 

@@ -352,10 +352,11 @@ def test_pretrained_lens_command_per_core_layer(imported, tmp_path):
     assert (tmp_path / "lens_layers.png").is_file()
 
 
-def test_pretrained_serve_halts_by_ouros_exit_gate(imported):
-    """`looplm serve` on imported checkpoints: halt=gate gives each token the depth Ouro's exit
-    gate gives it in `looplm generate` (alone, greedy); a model without a gate, or kl on a model
-    with coda layers, is a 400 naming what is allowed."""
+def test_pretrained_serve_halts_by_ouros_gate_and_by_kl_through_the_coda(imported):
+    """`looplm serve` on imported checkpoints: halt=gate (Ouro's exit gate) and halt=kl on a
+    model with coda layers (Huginn) give each token the depth `looplm generate` gives it (alone,
+    greedy); a model without a gate, or a gate threshold above 1, is a 400 naming what is
+    allowed."""
     import threading
     import urllib.error
     import urllib.request
@@ -380,7 +381,7 @@ def test_pretrained_serve_halts_by_ouros_exit_gate(imported):
     cases = [("ouro", {"halt": "gate", "threshold": 0.5}, 200),
              ("ouro", {"halt": "gate", "threshold": 1.5}, 400),
              ("parcae", {"halt": "gate", "threshold": 0.5}, 400),
-             ("parcae", {"halt": "kl", "threshold": 0.1}, 400)]  # fmt: skip
+             ("huginn", {"halt": "kl", "threshold": 0.01}, 200)]  # fmt: skip
     for family, body, code in cases:
         settings = ServeSettings(checkpoint=str(ckpt[family]), host="127.0.0.1", port=0, slots=2,
                                  loops=3, model_name=family)  # fmt: skip
@@ -406,6 +407,28 @@ def test_pretrained_serve_halts_by_ouros_exit_gate(imported):
             continue
         got = out["choices"][0]["looplm"]
         ids = torch.tensor([state.tokenizer.encode(prompt)])
-        ref = decode(state.model, ids, len(got["tokens"]), 3, halt="gate", threshold=0.5)
+        ref = decode(state.model, ids, len(got["tokens"]), 3, **body)
         assert got["tokens"] == ref.tokens[0, ids.shape[1] :].tolist()
-        assert got["loops"] == ref.loops[0].tolist() and min(got["loops"]) < 3  # the gate acts
+        assert got["loops"] == ref.loops[0].tolist() and min(got["loops"]) < 3  # the rule acts
+
+
+@pytest.mark.parametrize("schedule", ["continuous", "static"])
+def test_pretrained_batched_kl_halting_through_the_coda_is_decoding_alone(schedule):
+    """Continuous batching with KL halting on a model with coda layers (rows of their own
+    lengths, joining and leaving): every request's tokens and depths are those of decoding it
+    alone."""
+    from looplm.batching import Request, generate_many
+    from looplm.generate import decode
+
+    model = load("huginn").eval()
+    prompts = [_ids(s, (1, n))[0].tolist() for s, n in ((1, 5), (2, 9), (3, 3), (4, 7), (5, 4))]
+    reqs = [Request(ids=tuple(p), max_new=m) for p, m in zip(prompts, (6, 3, 8, 5, 7))]
+    out = generate_many(model, reqs, slots=2, loops=4, halt="kl", threshold=0.01,
+                        schedule=schedule)  # fmt: skip
+    depths = []
+    for req, got in zip(reqs, out.completions):
+        alone = decode(model, torch.tensor([req.ids]), req.max_new, 4, halt="kl", threshold=0.01)
+        assert got.tokens == alone.tokens[0, len(req.ids) :].tolist()
+        assert got.loops == alone.loops[0].tolist()
+        depths += got.loops
+    assert len(set(depths)) >= 2  # the rule acts

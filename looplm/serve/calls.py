@@ -198,13 +198,7 @@ def request_depth(state: ServerState, req) -> Depth:
     check_range("threshold", threshold, 0, float("inf"))
     prefill = s.prefill_halt if req.prefill_halt is None else req.prefill_halt
     gate = getattr(getattr(state.model, "recurrence", None), "exit_probability", None)
-    coda = len(getattr(state.model, "coda", ())) > 0
-    allowed = ", ".join(["none"] + ["kl"] * (not coda) + ["update"] + ["gate"] * (gate is not None))
-    if rule == "kl" and threshold > 0 and coda:
-        raise ApiError(
-            400, f"halt=kl is not served for this model (it has coda layers); allowed: {allowed}",
-            "halt",
-        )  # fmt: skip
+    allowed = ", ".join(["none", "kl", "update"] + ["gate"] * (gate is not None))
     if rule == "gate" and gate is None:
         raise ApiError(
             400, f"halt=gate needs a model with a learned exit gate (Ouro); allowed: {allowed}",
