@@ -120,3 +120,31 @@ def test_prose_verdicts_are_the_computed_ones(grid: str) -> None:
     assert bad == [], "docs/paper.md verdict words that are not the computed ones:\n" + "\n".join(
         bad
     )
+
+
+LENS_DATA = data_file(DATA, "runs/lens/results.sqlite")
+LENS_PAGE = "docs/lens_findings.md"
+LENS_BLOCK = re.compile(
+    r"<!-- generated: lens findings table[^>]*-->\n(.*?)\n<!-- end generated -->", re.S
+)
+
+
+def test_the_lens_findings_table_is_the_one_computed_from_the_committed_data() -> None:
+    """docs/lens_findings.md's criteria table is `looplm report`'s lens findings table of the
+    committed export docs/data/lens.jsonl.gz (configs/experiments/lens.yaml's store), word for
+    word."""
+    from looplm.lens.section import findings_table, lens_findings
+
+    block = LENS_BLOCK.search((ROOT / LENS_PAGE).read_text(encoding="utf-8"))
+    assert block, f"{LENS_PAGE} has no '<!-- generated: lens findings table -->' block"
+    if not LENS_DATA.is_file():
+        pytest.skip(f"{LENS_DATA.relative_to(ROOT)} is not committed yet")
+    want = findings_table(lens_findings(LENS_DATA)).strip()
+    if block.group(1).strip() != want:
+        diff = difflib.unified_diff(
+            block.group(1).strip().splitlines(), want.splitlines(), "page", "computed", lineterm=""
+        )
+        pytest.fail(
+            f"{LENS_PAGE}'s lens table is stale; replace the block with the table `looplm report "
+            f"{LENS_DATA.relative_to(ROOT)}` writes:\n" + "\n".join(list(diff)[:30])
+        )
