@@ -300,9 +300,7 @@ def entry_report(
         lines += ["", "Claims, with the verdict computed from the stored rows:", ""]
         lines += verdict_table(entry.claims, m)
     lines += ["", _fixed_table(exp, m)]
-    # the figures of the entries that measure diagnostics (others sharing their rows would draw
-    # the same pictures again)
-    if figures_dir is not None and (exp.evaluate or {}).get("diagnostics"):
+    if figures_dir is not None and (exp.evaluate or {}).get("diagnostics"):  # not shared rows
         mine = {(p.model_hash, p.protocol, p.seed): p.variant for p in exp.runs}
         recs = [r for r in m.records if (r.model_hash, r.protocol, r.seed) in mine]
         tiers = {key: _tier_label(var, full) for key, var in mine.items()}
