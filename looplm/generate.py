@@ -349,7 +349,6 @@ def next_logits(
     return model.readout(cached_hidden(model, ids, loops, cache)[:, -1])
 
 
-@torch.no_grad()
 def step_readouts(model: nn.Module) -> bool:
     """Whether KL halting reads through coda layers (which attend across positions)."""
     return len(getattr(model, "coda", ())) > 0
@@ -375,8 +374,12 @@ class StepCoda:
                     "this KV cache was filled without the coda's per-step keys/values that "
                     "halt=kl reads on a model with coda layers; prefill it through decode()"
                 )
-            rc = RaggedKVCache(cache.capacity, cache.n_rows) if ragged else None
-            rc = cache.step_coda = rc or StaticKVCache(model.config.context)
+            rc = (
+                RaggedKVCache(cache.capacity, cache.n_rows)
+                if ragged
+                else StaticKVCache(model.config.context)
+            )
+            cache.step_coda = rc
         if ragged:  # the main cache's rows and lengths (a pass may run on a subset of rows)
             rc._length, rc.rows = cache._length.clone(), cache.rows
         else:
@@ -397,6 +400,7 @@ class StepCoda:
                 self.cache.copy_new(last + j, t * self.c + j, self.n_new)
 
 
+@torch.no_grad()
 def adaptive_next_logits(
     model: nn.Module, ids: torch.Tensor, loops: int, cache: KVCache, halting: Halting
 ) -> tuple[torch.Tensor, torch.Tensor]:
