@@ -152,12 +152,13 @@ def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[
             )
     raw = _load_with_parents(p)[0]
     raw.pop("paper", None)
+    raw.pop("findings", None)
     extra = raw.pop("full", None)
     if full:
         if not extra:
             raise LoopLMError(f"experiment config {p} has no 'full' section for --full")
         # the larger grid: its keys replace (mappings: merge into) the default grid's
-        allowed = _TOP_KEYS - {"full", "extends", "paper"}
+        allowed = _TOP_KEYS - {"full", "extends", "paper", "findings"}
         raw = check_settings(
             ExperimentSettings, merge(raw, check_keys(extra, allowed, "full")), "experiment"
         )
@@ -195,6 +196,7 @@ def _load_with_parents(
         raise LoopLMError(f"experiment config {p}: extends={parent!r}, but {q} does not exist")
     base, default, full = _load_with_parents(q, (*seen, p.resolve()))
     base.pop("paper", None)  # catalogue metadata belongs to its own file
+    base.pop("findings", None)
     for section, known in ((raw, default), (raw.get("full") or {}, full)):
         if isinstance(section.get("methods"), list):
             section["methods"] = [

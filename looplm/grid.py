@@ -52,6 +52,9 @@ class ExperimentSettings:
     extends: str | None = None
     # catalogue metadata of a paper table or figure (looplm.paper); the sweep ignores it
     paper: dict[str, Any] | None = None
+    # the source papers' claims this grid tests, with their verdict criteria (looplm.findings);
+    # the sweep ignores it
+    findings: dict[str, Any] | None = None
 
     def validate(self) -> None:
         from looplm.errors import LoopLMError

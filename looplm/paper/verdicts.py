@@ -159,8 +159,11 @@ def _interval(values: list[float]) -> tuple[float, float]:
     return mean, t_halfwidth(values)
 
 
-def _judge(values: list[float], sign: int) -> tuple[str, str]:
-    """A verdict word for values that should lie on side ``sign`` of 0 (−1: below, +1: above)."""
+def judge(values: list[float], sign: int) -> tuple[str, str]:
+    """A verdict word for per-seed values that should lie on side ``sign`` of 0 (−1: below, +1:
+    above), and the evidence text: reproduced when the 95% t-interval of their mean excludes 0
+    on that side, in direction when only the mean is on it, not reproduced otherwise (one value:
+    not testable; none: not yet run)."""
     if not values:
         return NOT_RUN, "no rows"
     if len(values) < 2:
@@ -204,14 +207,14 @@ def claim_verdict(claim: dict[str, Any], m: Any) -> Verdict:
             elif test == "threshold":
                 sign = OPS[claim["op"]]
                 target = float(claim["value"])
-                word, text = _judge([v - target for v in got.values()], sign)
+                word, text = judge([v - target for v in got.values()], sign)
                 parts.append((word, f"{method} {_where(point)} − {target:g}: {text}"))
             else:  # ordering: method − rival, paired by seed
                 sign = -1 if claim.get("better", "lower") == "lower" else 1
                 for rival in claim["than"]:
                     theirs = _values(m, rival, point, claim)
                     deltas = [got[s] - theirs[s] for s in sorted(set(got) & set(theirs))]
-                    word, text = _judge(deltas, sign)
+                    word, text = judge(deltas, sign)
                     parts.append((word, f"{method} − {rival} {_where(point)}: {text}"))
     word = _combine([w for w, _ in parts])
     return Verdict(word, VERDICTS[word], [t for _, t in parts])
