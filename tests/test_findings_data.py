@@ -7,7 +7,9 @@ docs/data/ (one export per grid, `looplm results export`).
 * every figure a findings page links exists;
 * every verdict row of docs/paper.md names the claims it speaks for (``<!-- claim ENTRY: TEXT -->``),
   every claim of the catalogue is named by a row, and each row's word is the verdict computed
-  from the committed data (skipped per grid until its data file is committed).
+  from the committed data (skipped per grid until its data file is committed);
+* docs/findings.md quotes, for every experiment grid with a ``findings:`` section, the block
+  `looplm findings GRID --data docs/data` computes (measured tables and one verdict per claim).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from looplm import paper
+from looplm.findings import findings_grids
+from looplm.findings.claims import BLOCK as BLOCK_RE
 from looplm.paper.report import entry_verdicts
 from looplm.paper.verdicts import (
     IN_DIRECTION,
@@ -147,4 +151,28 @@ def test_the_lens_findings_table_is_the_one_computed_from_the_committed_data() -
         pytest.fail(
             f"{LENS_PAGE}'s lens table is stale; replace the block with the table `looplm report "
             f"{LENS_DATA.relative_to(ROOT)}` writes:\n" + "\n".join(list(diff)[:30])
+        )
+
+
+FINDINGS_PAGE = "docs/findings.md"
+
+
+@pytest.mark.parametrize("grid", sorted(findings_grids()))
+def test_findings_page_blocks_are_the_computed_verdicts(grid: str) -> None:
+    """docs/findings.md quotes, for every experiment grid with a findings: section, exactly the
+    block `looplm findings GRID --data docs/data` computes from the committed export (a grid
+    without one reads "not yet run" until its rows are committed)."""
+    from looplm.findings import grid_findings
+
+    text = (ROOT / FINDINGS_PAGE).read_text(encoding="utf-8")
+    blocks = {m.group(1): m.group(0) for m in BLOCK_RE.finditer(text)}
+    assert grid in blocks, f"{FINDINGS_PAGE} has no '<!-- generated: findings {grid} -->' block"
+    want = grid_findings(grid, data=DATA).block()
+    if blocks[grid] != want:
+        diff = difflib.unified_diff(
+            blocks[grid].splitlines(), want.splitlines(), "page", "computed", lineterm=""
+        )
+        pytest.fail(
+            f"{FINDINGS_PAGE}'s {grid} block is stale; run `looplm findings --data docs/data "
+            f"--write {FINDINGS_PAGE}`:\n" + "\n".join(list(diff)[:30])
         )
