@@ -107,6 +107,14 @@ def test_a_row_that_disagrees_with_the_computed_verdict_is_caught() -> None:
         "line 3: table05 'x | y': **reproduced in direction**, computed **not reproduced**",
         "line 4: table06 'z': no verdict word, computed **reproduced in direction**",
     ]
+    item = "- **Stable** (**reproduced**): text <!-- claim grid_a: stable -->\n- plain <!-- claim grid_a: b -->"
+    assert [(k.entry, k.text, k.word) for k in prose_links(item)] == [
+        ("grid_a", "stable", "reproduced"),
+        ("grid_a", "b", None),
+    ]
+    assert prose_disagreements(item, {("grid_a", "stable"): NOT_REPRODUCED}) == [
+        "line 1: grid_a 'stable': **reproduced**, computed **not reproduced**"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -176,3 +184,41 @@ def test_findings_page_blocks_are_the_computed_verdicts(grid: str) -> None:
             f"{FINDINGS_PAGE}'s {grid} block is stale; run `looplm findings --data docs/data "
             f"--write {FINDINGS_PAGE}`:\n" + "\n".join(list(diff)[:30])
         )
+
+
+def _findings_computed() -> dict[tuple[str, str], str]:
+    from looplm.findings import grid_findings
+
+    return {
+        (grid, claim["text"]): v.word
+        for grid in findings_grids()
+        for claim, v in grid_findings(grid, data=DATA).verdicts
+    }
+
+
+def test_findings_prose_verdicts_are_the_computed_ones() -> None:
+    """A prose line of docs/findings.md that names a claim (``<!-- claim GRID: TEXT -->``) carries
+    the word `looplm findings` computes, and every prose line outside the generated blocks that
+    states a verdict names its claim (a verdict word no test reads could go stale)."""
+    from looplm.results.vocabulary import NOT_RUN, VERDICTS
+
+    text = (ROOT / FINDINGS_PAGE).read_text(encoding="utf-8")
+    prose = BLOCK_RE.sub("", text)
+    computed = _findings_computed()
+    links = prose_links(prose)
+    unknown = [(k.entry, k.text) for k in links if (k.entry, k.text) not in computed]
+    assert unknown == [], f"{FINDINGS_PAGE} names claims no grid states: {unknown}"
+    bad = prose_disagreements(prose, computed)
+    assert bad == [], "docs/findings.md verdict words that are not the computed ones:\n" + (
+        "\n".join(bad)
+    )
+    linked = {k.line for k in links}
+    unlinked = [
+        f"line {i}: {line[:80]}"
+        for i, line in enumerate(prose.splitlines(), 1)
+        if i not in linked
+        and any(w in VERDICTS and w != NOT_RUN for w in re.findall(r"\*\*(.+?)\*\*", line))
+    ]
+    assert unlinked == [], "verdict words without a <!-- claim GRID: TEXT --> link:\n" + (
+        "\n".join(unlinked)
+    )

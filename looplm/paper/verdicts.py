@@ -247,15 +247,23 @@ class ProseLink:
 
 
 def prose_links(markdown: str) -> list[ProseLink]:
-    """Every ``<!-- claim ENTRY: TEXT -->`` link of a page's table rows, with the row's word."""
+    """Every ``<!-- claim ENTRY: TEXT -->`` link of a page's table rows (the word: the bold word
+    the last cell opens with) and list items (a line opening with ``- ``; the word: the first
+    bold vocabulary word of the item's line)."""
     out = []
     for i, line in enumerate(markdown.splitlines(), 1):
         links = LINK.findall(line)
-        if not links or not line.startswith("|"):
+        if not links:
             continue
-        cells = [c.strip() for c in _CELLS.split(line.strip())[1:-1]]
-        m = re.match(r"\*\*(.+?)\*\*", cells[-1]) if cells else None
-        word = m.group(1) if m and m.group(1) in VERDICTS else None
+        if line.startswith("|"):
+            cells = [c.strip() for c in _CELLS.split(line.strip())[1:-1]]
+            m = re.match(r"\*\*(.+?)\*\*", cells[-1]) if cells else None
+            word = m.group(1) if m and m.group(1) in VERDICTS else None
+        elif line.lstrip().startswith("- "):
+            bold = [b for b in re.findall(r"\*\*(.+?)\*\*", line) if b in VERDICTS]
+            word = bold[0] if bold else None
+        else:
+            continue
         out += [ProseLink(e, t.replace("\\|", "|").strip(), word, i) for e, t in links]
     return out
 
