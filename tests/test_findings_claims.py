@@ -156,7 +156,7 @@ def _scaling(method: str, phi: float) -> list[EvalRecord]:
 
 
 def test_phi_claims_read_the_bootstrap_interval(monkeypatch):
-    monkeypatch.setattr("looplm.findings.claims.PHI_BOOT", 20)
+    monkeypatch.setattr("looplm.findings.claims.PHI_BOOT", 10)
     recs = _scaling("looped", 0.46) + _scaling("trunc", 0.2) + _scaling("hc", 0.8)
     value = {"text": "x", "test": "phi_value", "method": "looped", "value": 0.46}
     v = _verdict(value, recs)
