@@ -294,3 +294,26 @@ def test_a_marker_quoted_inside_a_line_is_not_a_block():
     )
     new = "<!-- generated: findings a -->\nnew\n<!-- end generated -->"
     assert refresh_blocks(page, {"a": new, "GRID": "x"}) == page.replace("old", "new")
+
+
+def test_phi_fits_are_memoised_by_their_points(tmp_path, monkeypatch):
+    """A φ fit computed from a data folder is kept beside the export (<grid>.fits.json) under the
+    hash of its points; the next computation from the same rows reads it, a changed row refits."""
+    monkeypatch.setattr("looplm.findings.claims.PHI_BOOT", 10)
+    recs = _scaling("looped", 0.46) + _scaling("looped_trunc2", 0.2) + _scaling("hyper_looped", 0.8)
+    write_export(recs, tmp_path / "phi.jsonl")
+    first = grid_findings("phi", data=tmp_path)
+    assert first.save_fits() == tmp_path / "phi.fits.json"
+    memo = json.loads((tmp_path / "phi.fits.json").read_text())
+    assert sorted(v["method"] for v in memo.values()) == ["hyper_looped", "looped", "looped_trunc2"]
+
+    def no_refit(*a, **k):
+        raise AssertionError("refitted although the memo holds these points")
+
+    monkeypatch.setattr("looplm.results.scaling.bootstrap_records", no_refit)
+    again = grid_findings("phi", data=tmp_path)
+    assert again.fits is None and again.block() == first.block()
+    recs[0].sum_nll *= 1.01  # one changed row: its method is refitted
+    write_export(recs, tmp_path / "phi.jsonl")
+    with pytest.raises(AssertionError, match="refitted"):
+        grid_findings("phi", data=tmp_path)

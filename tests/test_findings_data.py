@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -222,3 +223,32 @@ def test_findings_prose_verdicts_are_the_computed_ones() -> None:
     assert unlinked == [], "verdict words without a <!-- claim GRID: TEXT --> link:\n" + (
         "\n".join(unlinked)
     )
+
+
+def test_the_committed_phi_fits_are_those_of_the_committed_rows() -> None:
+    """Each grid's φ fits (docs/data/<grid>.fits.json) are keyed by the hash of the committed
+    points: a grid whose rows changed without its memo being refreshed fails here, not slowly."""
+    from looplm.findings import grid_findings
+
+    for grid in findings_grids():
+        found = grid_findings(grid, data=DATA)
+        assert found.fits is None, (
+            f"{grid}: φ fitted afresh (docs/data lacks the fits of these rows); run `looplm "
+            "findings --data docs/data --write docs/findings.md` and commit the .fits.json"
+        )
+
+
+@pytest.mark.slow
+def test_the_committed_phi_fits_are_what_refitting_gives() -> None:
+    """Refit every memoised φ from the committed rows (minutes): the memo holds the fit."""
+    from looplm.findings import grid_findings
+    from looplm.findings.claims import FITS_SUFFIX
+
+    for fits in sorted(DATA.glob(f"*{FITS_SUFFIX}")):
+        grid = fits.name[: -len(FITS_SUFFIX)]
+        memo = json.loads(fits.read_text(encoding="utf-8"))
+        fresh = grid_findings(grid, data=DATA, memo=False)
+        assert fresh.fits is not None and sorted(fresh.fits[1]) == sorted(memo), grid
+        for key, fit in memo.items():
+            for k in ("phi", "low", "high"):
+                assert fresh.fits[1][key][k] == pytest.approx(fit[k], rel=1e-6, abs=1e-9), (grid, k)

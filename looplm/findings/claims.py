@@ -9,6 +9,7 @@ percentile bootstrap over :data:`PHI_BOOT` resamples of the sweep points (seed 0
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -61,6 +62,7 @@ CRITERIA = {
     "point estimates are in it, **not reproduced** otherwise",
     "untestable": "the grid cannot measure the claim; the reason is stated",
 }
+FITS_SUFFIX = ".fits.json"  # the φ fits' memo beside a grid's export (docs/data/phi.fits.json)
 # a generated block: from a line that opens with its marker to the next end marker
 BLOCK = re.compile(
     r"^<!-- generated: findings (\w+)[^\n]*-->\n.*?\n<!-- end generated -->", re.S | re.M
@@ -131,6 +133,19 @@ class GridFindings:
     models: dict[str, str]  # method → model description
     verdicts: list[tuple[dict[str, Any], Verdict]]
     tables: list[list[str]] = field(default_factory=list)  # measured tables (Markdown lines)
+    # φ fits computed afresh: (the memo file beside the export, its entries) for save_fits()
+    fits: tuple[Path, dict[str, Any]] | None = None
+
+    def save_fits(self) -> Path | None:
+        """Write the φ fits computed afresh to the memo beside the export (``<grid>.fits.json``),
+        so that the next computation from the same rows reads them instead of refitting."""
+        if self.fits is None:
+            return None
+        from looplm.io import atomic_write_text
+
+        path, memo = self.fits
+        atomic_write_text(path, json.dumps(memo, indent=1, sort_keys=True) + "\n")
+        return path
 
     def block(self) -> str:
         """The generated Markdown block a page quotes (markers included)."""
@@ -173,9 +188,13 @@ def findings_grids(folder: str | Path = EXPERIMENTS) -> dict[str, Path]:
     return out
 
 
-def grid_findings(config: str | Path, *, data: str | Path | None = None) -> GridFindings:
+def grid_findings(
+    config: str | Path, *, data: str | Path | None = None, memo: bool = True
+) -> GridFindings:
     """The verdicts of one grid's claims from its rows: the export of its store in ``data``
-    (``docs/data/<grid>.jsonl``) when given, else its results store; no file: not yet run."""
+    (``docs/data/<grid>.jsonl``) when given, else its results store; no file: not yet run.
+    φ fits are read from the memo beside the export (``<grid>.fits.json``) when it holds these
+    points (``memo=False``: always refit)."""
     from looplm.experiments import load_experiment
     from looplm.results.export import data_file, load_records
     from looplm.settings import load_yaml
@@ -198,11 +217,16 @@ def grid_findings(config: str | Path, *, data: str | Path | None = None) -> Grid
     for plan in exp.runs:
         cfgs.setdefault(plan.method, []).append(plan.cfg)
     models = {m: describe_models(cs) for m, cs in cfgs.items()}
-    rows = _Rows(recs, exp.runs[0].cfg.data.dataset if exp.runs else "")
+    fits = file.parent / f"{file.name.split('.')[0]}{FITS_SUFFIX}"
+    known = json.loads(fits.read_text(encoding="utf-8")) if memo and data and fits.is_file() else {}
+    rows = _Rows(recs, exp.runs[0].cfg.data.dataset if exp.runs else "", known)
     verdicts = [(c, claim_verdict(c, rows) if recs else _not_run(c)) for c in claims]
     tables = [render_table(t, rows, models) for t in specs] if recs else []
-    return GridFindings(exp.name, str(meta.get("source", "the source")),
-                        file.name if recs else "", len(recs), models, verdicts, tables)  # fmt: skip
+    found = GridFindings(exp.name, str(meta.get("source", "the source")),
+                         file.name if recs else "", len(recs), models, verdicts, tables)  # fmt: skip
+    if rows.memo_new:
+        found.fits = (fits, rows.memo)
+    return found
 
 
 def describe_models(cfgs: Sequence[Any]) -> str:
@@ -251,7 +275,9 @@ def _not_run(claim: dict[str, Any]) -> Verdict:
 class _Rows:
     """A grid's rows, indexed for the claims: frontier accuracy counts and scaling points."""
 
-    def __init__(self, records: Sequence[EvalRecord], dataset: str = "") -> None:
+    def __init__(
+        self, records: Sequence[EvalRecord], dataset: str = "", memo: dict | None = None
+    ) -> None:
         from looplm.results.frontier import frontier_records
         from looplm.results.scaling import is_scaling_record
         from looplm.results.sections import difficulty_of
@@ -265,6 +291,8 @@ class _Rows:
             )
         self.scaling: dict[str, list[EvalRecord]] = {}
         self._phi: dict[str, tuple[float, float, float] | None] = {}
+        self.memo = dict(memo or {})  # points key → a φ fit computed before (FITS_SUFFIX)
+        self.memo_new = False
         self.ppl: dict[str, dict[tuple[int, int], float]] = {}
         for r in records:
             if is_scaling_record(r):
@@ -315,11 +343,32 @@ class _Rows:
             grp = self.scaling.get(method)
             got = None
             if grp:
-                fit = fit_records(grp)
-                ci = bootstrap_records(grp, fit=fit, n_boot=PHI_BOOT, seed=0)
-                got = (fit.phi, ci.low, ci.high)
+                key = _points_key(grp)
+                hit = self.memo.get(key)
+                if hit is None:
+                    fit = fit_records(grp)
+                    ci = bootstrap_records(grp, fit=fit, n_boot=PHI_BOOT, seed=0)
+                    hit = {"method": method, "points": len(grp), "phi": fit.phi,
+                           "low": ci.low, "high": ci.high, "n_boot": PHI_BOOT, "seed": 0}  # fmt: skip
+                    self.memo[key] = hit
+                    self.memo_new = True
+                got = (float(hit["phi"]), float(hit["low"]), float(hit["high"]))
             self._phi[method] = got
         return self._phi[method]
+
+
+def _points_key(records: Sequence[EvalRecord]) -> str:
+    """A fit's identity: the sha256 of its points (exact floats, sorted) and the bootstrap's
+    settings. Refitting the same points gives the same φ, so a memo entry under this key can
+    stand for the fit (a changed row changes the key)."""
+    import hashlib
+
+    from looplm.results.scaling import scaling_points
+
+    pts = scaling_points(records)
+    rows = sorted(zip(*(pts[k].tolist() for k in ("r", "n_once", "n_rec", "d", "loss"))))
+    text = json.dumps({"points": rows, "n_boot": PHI_BOOT, "seed": 0}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _metric(rows: _Rows, claim: dict[str, Any], method: str) -> dict[int, float]:

@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     blocks = {}
     for name in names:
         found = grid_findings(name, data=args.data)
+        saved = found.save_fits() if args.data else None
+        if saved:
+            print(f"{saved}: the φ fits, for the next run from the same rows", file=sys.stderr)
         blocks[found.grid] = found.block()
         print(blocks[found.grid], end="\n\n", flush=True)
     if args.write:
