@@ -264,7 +264,9 @@ def test_a_grids_block_from_its_committed_export_and_the_page_refresh(tmp_path, 
     )
     empty = grid_findings("frontier_graph", data=tmp_path / "none")
     assert {v.word for _, v in empty.verdicts} == {NOT_RUN}
-    assert "No rows of this grid are committed yet" in empty.block()
+    assert "No rows of this grid yet (no `frontier_graph.jsonl` committed in the data folder)" in (
+        empty.block()
+    )
 
 
 def test_unknown_grid_is_a_one_line_error(capsys):

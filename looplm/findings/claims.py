@@ -133,6 +133,7 @@ class GridFindings:
     models: dict[str, str]  # method → model description
     verdicts: list[tuple[dict[str, Any], Verdict]]
     tables: list[list[str]] = field(default_factory=list)  # measured tables (Markdown lines)
+    missing: str = ""  # where the rows were looked for, when there are none
     # φ fits computed afresh: (the memo file beside the export, its entries) for save_fits()
     fits: tuple[Path, dict[str, Any]] | None = None
 
@@ -158,7 +159,7 @@ class GridFindings:
         src = (
             f"Computed from `{self.data}` ({self.n_rows:,} rows)"
             if self.data
-            else "No rows of this grid are committed yet"
+            else f"No rows of this grid yet ({self.missing})"
         )
         models = "; ".join(f"`{m}` {d}" for m, d in self.models.items())
         lines = [head, f"{src}. Models: {models}.", ""]
@@ -224,6 +225,12 @@ def grid_findings(
     tables = [render_table(t, rows, models) for t in specs] if recs else []
     found = GridFindings(exp.name, str(meta.get("source", "the source")),
                          file.name if recs else "", len(recs), models, verdicts, tables)  # fmt: skip
+    if not recs:
+        found.missing = (
+            f"no `{file.name}` committed in the data folder"
+            if data is not None
+            else f"no results store `{file}`: run `looplm sweep {path.stem}`"
+        )
     if rows.memo_new:
         found.fits = (fits, rows.memo)
     return found
