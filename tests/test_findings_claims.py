@@ -241,12 +241,12 @@ def test_a_grids_block_from_its_committed_export_and_the_page_refresh(tmp_path, 
     words = {c["text"][:20]: v.word for c, v in found.verdicts}
     assert words == {
         "accuracy climbs once": REPRODUCED,
-        "it climbs abruptly f": REPRODUCED,
-        "three ingredients ke": REPRODUCED,
-        "the ingredients (sil": NOT_REPRODUCED,  # looped is as stable: no gap to explain
+        "it climbs abruptly f": NOT_TESTABLE,  # stated as untestable from these rows
+        "the recurrence (with": REPRODUCED,
+        "(implied) the three ": NOT_TESTABLE,  # every model equally stable: nothing to order
         "depth recurrence ext": REPRODUCED,
         "fixed-depth models b": REPRODUCED,
-        "intermediate per-ste": NOT_REPRODUCED,  # per-step is as good: no harm
+        "intermediate per-ste": NOT_TESTABLE,  # per-step identical on every seed
     }
     block = found.block()
     assert block.startswith("<!-- generated: findings frontier_graph ")
@@ -263,7 +263,7 @@ def test_a_grids_block_from_its_committed_export_and_the_page_refresh(tmp_path, 
         page.read_text(encoding="utf-8")
     )
     empty = grid_findings("frontier_graph", data=tmp_path / "none")
-    assert {v.word for _, v in empty.verdicts} == {NOT_RUN}
+    assert {v.word for _, v in empty.verdicts} == {NOT_RUN, NOT_TESTABLE}  # untestable stays so
     assert "No rows of this grid yet (no `frontier_graph.jsonl` committed in the data folder)" in (
         empty.block()
     )
@@ -319,3 +319,25 @@ def test_phi_fits_are_memoised_by_their_points(tmp_path, monkeypatch):
     write_export(recs, tmp_path / "phi.jsonl")
     with pytest.raises(AssertionError, match="refitted"):
         grid_findings("phi", data=tmp_path)
+
+
+def test_an_ordering_of_identical_values_is_not_testable_and_phi_needs_a_placed_rival():
+    claim = {"text": "x", "test": "ordering", "metric": "accuracy", "method": "gated",
+             "than": ["looped"], "difficulties": [2, 2], "depth": 8}  # fmt: skip
+    same = [r for s in range(3) for m in ("gated", "looped") for r in frontier(m, s, 2, {8: 1.0})]
+    v = _verdict(claim, same)
+    assert v.word == NOT_TESTABLE and "identical on every seed" in v.evidence[0]
+    rows = _Rows([])
+    rows._phi = {"wide": (0.7, 1e-20, 1.15), "low": (0.0, 1e-21, 2e-12), "mid": (0.5, 0.3, 0.7)}
+    order = {"text": "x", "test": "phi_order", "method": "low", "than": ["wide"], "better": "lower"}
+    assert claim_verdict(check_claims([order], "t")[0], rows).word == NOT_TESTABLE
+    at_bound = {
+        "text": "x",
+        "test": "phi_order",
+        "method": "low",
+        "than": ["mid"],
+        "better": "lower",
+    }
+    assert claim_verdict(check_claims([at_bound], "t")[0], rows).word == REPRODUCED
+    value = {"text": "x", "test": "phi_value", "method": "low", "value": 0.0}
+    assert claim_verdict(check_claims([value], "t")[0], rows).word == NOT_TESTABLE  # at the bound

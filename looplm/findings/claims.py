@@ -47,19 +47,22 @@ CRITERIA = {
     "**reproduced in direction** when only the mean does",
     "ordering": "paired per-seed differences method − rival: **reproduced** when the 95% "
     "t-interval excludes 0 on the claimed side for every rival, **reproduced in direction** when "
-    "only the mean is on that side",
+    "only the mean is on that side, **not testable at this scale** when the two are identical on "
+    "every seed (a saturated measure orders nothing)",
     "climb": "every seed's accuracy-vs-T curve at each named difficulty, up to its peak: "
     "*abrupt* when one step between evaluated T carries ≥ 50% of the rise, *from chance* when "
     "it starts within 5 points of chance, and a climb at all only when it rises by at least "
     "min_rise points (default 10); **reproduced** when every curve has the claimed shape, "
-    "**reproduced in direction** when every seed-mean curve has it, **not reproduced** otherwise",
+    "**reproduced in direction** when every seed-mean curve has it, **not reproduced** otherwise "
+    "(fewer than 2 seeds: **not testable at this scale**)",
     "phi_value": "φ's 95% percentile bootstrap interval: **reproduced** when it holds the "
     "paper's value and excludes 0 and 1, **not reproduced** when it excludes the paper's value, "
     "**not testable at this scale** when it holds the value and 0 or 1 too (the fit cannot tell "
     "the value from a recurrence worth nothing or worth a whole layer)",
     "phi_order": "φ's 95% percentile bootstrap intervals of the two methods: **reproduced** "
     "when they are disjoint in the claimed order, **reproduced in direction** when only the "
-    "point estimates are in it, **not reproduced** otherwise",
+    "point estimates are in it, **not reproduced** otherwise, **not testable at this scale** when "
+    "either interval holds both 0 and 1 (that φ is not placed at all)",
     "untestable": "the grid cannot measure the claim; the reason is stated",
 }
 FITS_SUFFIX = ".fits.json"  # the φ fits' memo beside a grid's export (docs/data/phi.fits.json)
@@ -323,6 +326,8 @@ class _Rows:
         for (seed, d, t), c in self.counts.get(method, {}).items():
             if t == T and lo <= d <= hi:
                 per.setdefault(seed, []).append(c)
+        full = max((len(v) for v in per.values()), default=0)
+        per = {s: v for s, v in per.items() if len(v) == full}  # a seed missing a difficulty: out
         if lowest:
             return {s: 100.0 * min(c / max(n, 1) for c, n in v) for s, v in sorted(per.items())}
         return {s: 100.0 * sum(c for c, _ in v) / max(sum(n for _, n in v), 1)
@@ -448,6 +453,9 @@ def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
             vs = f"{_label(rows, point, method)} − {_label(rows, point, rival)}"
             if test == "ordering":
                 word, text = judge(deltas, sign)
+                if len(deltas) > 1 and all(d == 0 for d in deltas):
+                    word = NOT_TESTABLE  # both at one value on every seed: nothing to order
+                    text += ", identical on every seed"
                 parts.append((word, f"{vs}: {text}"))
                 continue
             target = float(claim["value"])
@@ -486,6 +494,10 @@ def _climb(claim: dict[str, Any], rows: _Rows) -> Verdict:
             words.append(NOT_RUN)
             evidence.append(f"{method}: no rows")
             continue
+        if len({seed for seed, _ in curves}) < 2:
+            words.append(NOT_TESTABLE)
+            evidence.append(f"{method}: 1 seed (a shape needs at least 2 seeds)")
+            continue
         hits = sum(shape(c)[0] for c in curves.values())
         means = {}
         for d in sorted({d for _, d in curves}):
@@ -506,20 +518,28 @@ def _climb(claim: dict[str, Any], rows: _Rows) -> Verdict:
     return Verdict(weakest(words), evidence)
 
 
+BOUND_TOL = 1e-6  # φ at the fit's bound 0 comes back as ~1e-20, not 0
+
+
+def _spans_0_and_1(v: tuple[float, float, float]) -> bool:
+    """An interval that holds both 0 and 1: the fit cannot place this φ at all."""
+    return v[1] <= BOUND_TOL and v[2] >= 1.0 - BOUND_TOL
+
+
 def _phi(claim: dict[str, Any], rows: _Rows) -> Verdict:
     def text(m: str, v: tuple[float, float, float]) -> str:
         return f"{m} φ = {v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]"
 
-    method = claim.get("method") or claim["methods"][0]
+    method = (claim.get("methods") or [claim["method"]])[0]
     mine = rows.phi(method)
     if mine is None:
         return Verdict(NOT_RUN, [f"{method}: no scaling rows"])
     if claim["test"] == "phi_value":
         want = float(claim["value"])
         lo, hi = mine[1], mine[2]
-        if not lo <= want <= hi:
+        if not lo - BOUND_TOL <= want <= hi + BOUND_TOL:
             word = NOT_REPRODUCED
-        elif lo <= 0.0 or hi >= 1.0:
+        elif lo <= BOUND_TOL or hi >= 1.0 - BOUND_TOL:
             word = NOT_TESTABLE
         else:
             word = REPRODUCED
@@ -533,7 +553,9 @@ def _phi(claim: dict[str, Any], rows: _Rows) -> Verdict:
             evidence.append(f"{rival}: no scaling rows")
             continue
         a, b = (mine, theirs) if higher else (theirs, mine)  # the claim: a above b
-        if a[1] > b[2]:
+        if _spans_0_and_1(mine) or _spans_0_and_1(theirs):
+            words.append(NOT_TESTABLE)
+        elif a[1] > b[2] + BOUND_TOL:
             words.append(REPRODUCED)
         elif a[0] > b[0]:
             words.append(IN_DIRECTION)

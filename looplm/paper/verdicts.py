@@ -159,6 +159,17 @@ def _interval(values: list[float]) -> tuple[float, float]:
     return mean, t_halfwidth(values)
 
 
+def _pm(mean: float, hw: float) -> str:
+    """``mean ± hw`` with both to the same decimals, four significant digits of the half-width
+    (so that a mean just inside or outside its interval reads so: +1.622 ± 1.624)."""
+    import math
+
+    if not hw > 0:
+        return f"{mean:+.4g} ± 0"
+    dec = max(0, 3 - math.floor(math.log10(hw)))
+    return f"{mean:+.{dec}f} ± {hw:.{dec}f}"
+
+
 def judge(values: list[float], sign: int) -> tuple[str, str]:
     """A verdict word for per-seed values that should lie on side ``sign`` of 0 (−1: below, +1:
     above), and the evidence text: reproduced when the 95% t-interval of their mean excludes 0
@@ -169,7 +180,7 @@ def judge(values: list[float], sign: int) -> tuple[str, str]:
     if len(values) < 2:
         return NOT_TESTABLE, f"{values[0]:+.4g} (1 seed: no interval)"
     mean, hw = _interval(values)
-    text = f"{mean:+.4g} ± {hw:.3g} (95% t half-width, {len(values)} seeds)"
+    text = f"{_pm(mean, hw)} (95% t half-width, {len(values)} seeds)"
     if mean * sign <= 0:
         return NOT_REPRODUCED, text
     if abs(mean) > hw:
