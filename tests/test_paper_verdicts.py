@@ -40,7 +40,10 @@ def test_an_ordering_is_reproduced_only_when_the_interval_excludes_zero() -> Non
     # "higher is better" flips the side
     assert V.claim_verdict(ordering(better="higher"), wrong).word == V.IN_DIRECTION
     v = V.claim_verdict(ordering(), clear)
-    assert "a − b T=8: -1.0000 ± 0.2484 " in v.evidence[0] and "(95% t half-width, 3 seeds)" in v.evidence[0]
+    assert (
+        "a − b T=8: -1.0000 ± 0.2484 " in v.evidence[0]
+        and "(95% t half-width, 3 seeds)" in v.evidence[0]
+    )
 
 
 def test_every_depth_and_rival_must_pass_and_missing_rows_say_not_yet_run() -> None:
