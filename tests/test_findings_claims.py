@@ -341,3 +341,15 @@ def test_an_ordering_of_identical_values_is_not_testable_and_phi_needs_a_placed_
     assert claim_verdict(check_claims([at_bound], "t")[0], rows).word == REPRODUCED
     value = {"text": "x", "test": "phi_value", "method": "low", "value": 0.0}
     assert claim_verdict(check_claims([value], "t")[0], rows).word == NOT_TESTABLE  # at the bound
+
+
+def test_a_margin_between_two_models_at_chance_on_every_seed_is_not_testable():
+    """'within two points of the fixed-depth model' holds vacuously when both sit at chance."""
+    claim = {"text": "x", "test": "threshold", "metric": "accuracy", "method": "gated",
+             "than": ["unshared"], "difficulties": [4, 4], "depth": "max", "op": ">",
+             "value": -2}  # fmt: skip
+    chance = [
+        r for s in range(3) for m in ("gated", "unshared") for r in frontier(m, s, 4, {8: 0.5})
+    ]
+    v = _verdict(claim, chance)
+    assert v.word == NOT_TESTABLE and v.evidence[0].endswith("identical on every seed)")

@@ -44,7 +44,8 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "configs" / "experiments"
 CRITERIA = {
     "threshold": "per-seed values (method − rival where a rival is named) against the stated "
     "number: **reproduced** when the 95% t-interval of their mean lies on the claimed side, "
-    "**reproduced in direction** when only the mean does",
+    "**reproduced in direction** when only the mean does; a method and its rival identical on "
+    "every seed (both at a floor or a ceiling) are **not testable at this scale**",
     "ordering": "paired per-seed differences method − rival: **reproduced** when the 95% "
     "t-interval excludes 0 on the claimed side for every rival, **reproduced in direction** when "
     "only the mean is on that side, **not testable at this scale** when the two are identical on "
@@ -460,6 +461,9 @@ def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
                 continue
             target = float(claim["value"])
             word, text = judge([d - target for d in deltas], sign)
+            if len(deltas) > 1 and all(d == 0 for d in deltas):
+                word = NOT_TESTABLE  # one value on every seed (a floor or a ceiling): no margin
+                text += ", identical on every seed"
             mean = f"{np.mean(deltas):+.1f}{unit}" if deltas else "no rows"
             need = f"needs {claim['op']} {_num(target)}; difference {text}"
             parts.append((word, f"{vs}: {mean} ({need})"))
