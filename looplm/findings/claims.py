@@ -28,7 +28,6 @@ from looplm.results.vocabulary import (
     NOT_RUN,
     NOT_TESTABLE,
     REPRODUCED,
-    VERDICTS,
     weakest,
 )
 
@@ -245,29 +244,19 @@ def describe_models(cfgs: Sequence[Any]) -> str:
     seen (a corpus) or rows per step (a generated task): ``bytes d64 86.4k params, 500 steps of
     32 graph_nodes rows``; a method trained in several variants gets the ranges (``36 models:
     bytes d32–64, 20.1k–125k params, 100–900 steps, 205k–1.84M tokens``)."""
-    import torch
-
     from looplm.data import CORPORA
-    from looplm.model import model_from_config
-    from looplm.paper.report import _count
+    from looplm.paper.report import count_text, model_facts
 
-    facts = set()
-    for cfg in cfgs:
-        with torch.device("meta"):
-            n = model_from_config(cfg.model).num_parameters()
-        t = cfg.train
-        tokens = t.steps * t.batch_size * t.grad_accum * cfg.model.context
-        facts.add((cfg.model.tokenizer, cfg.model.d_model, n, t.steps, tokens, t.batch_size,
-                   cfg.data.dataset))  # fmt: skip
+    facts = {(*model_facts(cfg), cfg.train.batch_size, cfg.data.dataset) for cfg in cfgs}
     tok, _, _, _, _, batch, dataset = min(facts)
 
     def span(i: int, fmt: Any = str) -> str:
         lo, hi = min(f[i] for f in facts), max(f[i] for f in facts)
         return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
 
-    seen = f"{span(4, _count)} tokens" if dataset in CORPORA else f"of {batch} {dataset} rows"
+    seen = f"{span(4, count_text)} tokens" if dataset in CORPORA else f"of {batch} {dataset} rows"
     sep = ", " if dataset in CORPORA else " "
-    text = f"{tok} d{span(1)} {span(2, _count)} params, {span(3)} steps{sep}{seen}"
+    text = f"{tok} d{span(1)} {span(2, count_text)} params, {span(3)} steps{sep}{seen}"
     return text if len(facts) == 1 else f"{len(facts)} models: {text}"
 
 
@@ -452,18 +441,14 @@ def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
             theirs = _metric(rows, point, rival)
             deltas = [got[s] - theirs[s] for s in sorted(set(got) & set(theirs))]
             vs = f"{_label(rows, point, method)} − {_label(rows, point, rival)}"
-            if test == "ordering":
-                word, text = judge(deltas, sign)
-                if len(deltas) > 1 and all(d == 0 for d in deltas):
-                    word = NOT_TESTABLE  # both at one value on every seed: nothing to order
-                    text += ", identical on every seed"
-                parts.append((word, f"{vs}: {text}"))
-                continue
-            target = float(claim["value"])
+            target = float(claim["value"]) if test == "threshold" else 0.0
             word, text = judge([d - target for d in deltas], sign)
             if len(deltas) > 1 and all(d == 0 for d in deltas):
-                word = NOT_TESTABLE  # one value on every seed (a floor or a ceiling): no margin
-                text += ", identical on every seed"
+                # one value on every seed (a floor or a ceiling): nothing to order, no margin
+                word, text = NOT_TESTABLE, text + ", identical on every seed"
+            if test == "ordering":
+                parts.append((word, f"{vs}: {text}"))
+                continue
             mean = f"{np.mean(deltas):+.1f}{unit}" if deltas else "no rows"
             need = f"needs {claim['op']} {_num(target)}; difference {text}"
             parts.append((word, f"{vs}: {mean} ({need})"))
@@ -567,8 +552,3 @@ def _phi(claim: dict[str, Any], rows: _Rows) -> Verdict:
             words.append(NOT_REPRODUCED)
         evidence.append(f"{text(method, mine)} vs {text(rival, theirs)} (95% bootstrap)")
     return Verdict(weakest(words), evidence)
-
-
-def criteria_text() -> str:
-    """Every verdict word with its criterion (the vocabulary's), for the command's output."""
-    return "\n".join(f"- **{w}**: {c}" for w, c in VERDICTS.items())

@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from looplm.errors import LoopLMError
     from looplm.findings import findings_grids, grid_findings, refresh_blocks
+    from looplm.findings.claims import BLOCK
     from looplm.io import atomic_write_text
 
     names = args.grids or list(findings_grids())
@@ -54,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
         if not page.is_file():
             raise LoopLMError(f"--write {args.write!r}: no such page")
         text = page.read_text(encoding="utf-8")
-        from looplm.findings.claims import BLOCK
-
         present = {m.group(1) for m in BLOCK.finditer(text)}
         for grid in sorted(set(blocks) - present):
             print(f"{page}: no block for {grid} (add a line '<!-- generated: findings {grid} -->', "

@@ -328,9 +328,9 @@ def entry_verdicts(
     return [(c, claim_verdict(c, m)) for c in entry.claims]
 
 
-def model_description(cfg: Any) -> str:
-    """What a measured row was measured on: tokenizer, width, parameters, training steps and
-    tokens seen (``bytes d128 345k params, 600 steps, 614k tokens``)."""
+def model_facts(cfg: Any) -> tuple[str, int, int, int, int]:
+    """(tokenizer, width, parameters, training steps, tokens seen) of a run config; the
+    parameters counted on the meta device."""
     import torch
 
     from looplm.model import model_from_config
@@ -339,13 +339,18 @@ def model_description(cfg: Any) -> str:
         n = model_from_config(cfg.model).num_parameters()
     t = cfg.train
     tokens = t.steps * t.batch_size * t.grad_accum * cfg.model.context
-    return (
-        f"{cfg.model.tokenizer} d{cfg.model.d_model} {_count(n)} params, "
-        f"{t.steps} steps, {_count(tokens)} tokens"
-    )
+    return cfg.model.tokenizer, cfg.model.d_model, n, t.steps, tokens
 
 
-def _count(n: int) -> str:
+def model_description(cfg: Any) -> str:
+    """What a measured row was measured on: tokenizer, width, parameters, training steps and
+    tokens seen (``bytes d128 345k params, 600 steps, 614k tokens``)."""
+    tok, d, n, steps, tokens = model_facts(cfg)
+    return f"{tok} d{d} {count_text(n)} params, {steps} steps, {count_text(tokens)} tokens"
+
+
+def count_text(n: int) -> str:
+    """A count in three significant digits with its unit (``86.4k``, ``6.71M``)."""
     for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= div:
             return f"{n / div:.3g}{unit}"

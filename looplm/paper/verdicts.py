@@ -39,6 +39,7 @@ The tests, per named point (a depth, budget or step) and, for an ordering, per r
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,8 +163,6 @@ def _interval(values: list[float]) -> tuple[float, float]:
 def _pm(mean: float, hw: float) -> str:
     """``mean ± hw`` with both to the same decimals, four significant digits of the half-width
     (so that a mean just inside or outside its interval reads so: +1.622 ± 1.624)."""
-    import math
-
     if not hw > 0:
         return f"{mean:+.4g} ± 0"
     dec = max(0, 3 - math.floor(math.log10(hw)))
