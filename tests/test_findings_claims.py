@@ -269,6 +269,28 @@ def test_a_grids_block_from_its_committed_export_and_the_page_refresh(tmp_path, 
     )
 
 
+def test_a_partly_run_grid_names_its_unmeasured_methods_and_their_claims_wait(tmp_path):
+    """An export holding some of the config's methods: the block says which are not measured,
+    their tables have no rows for them, and a claim naming one reads not yet run."""
+    recs = []
+    for s in range(3):
+        for d in (5, 8, 12):
+            recs += frontier("gated", s, d, {32: 0.9})
+            recs += frontier("unshared_6l", s, d, {6: 0.55 + 0.01 * s})
+    write_export(recs, tmp_path / "frontier_graph.jsonl")
+    found = grid_findings("frontier_graph", data=tmp_path)
+    assert found.unmeasured == ["gated_per_step", "scse", "looped"]
+    block = found.block()
+    assert (
+        "Not measured yet (no rows, so in no table and no verdict): `gated_per_step`, `scse`, "
+        "`looped`." in block
+    )
+    words = {c["text"][:20]: v.word for c, v in found.verdicts}
+    assert words["depth recurrence ext"] == REPRODUCED
+    assert words["intermediate per-ste"] == NOT_RUN  # the per-step variant has no rows
+    assert "| `scse` |" not in block
+
+
 def test_unknown_grid_is_a_one_line_error(capsys):
     from looplm.cli import main
 

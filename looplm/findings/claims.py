@@ -137,6 +137,7 @@ class GridFindings:
     verdicts: list[tuple[dict[str, Any], Verdict]]
     tables: list[list[str]] = field(default_factory=list)  # measured tables (Markdown lines)
     missing: str = ""  # where the rows were looked for, when there are none
+    unmeasured: list[str] = field(default_factory=list)  # the config's methods with no rows
     # φ fits computed afresh: (the memo file beside the export, its entries) for save_fits()
     fits: tuple[Path, dict[str, Any]] | None = None
 
@@ -165,7 +166,11 @@ class GridFindings:
             else f"No rows of this grid yet ({self.missing})"
         )
         models = "; ".join(f"`{m}` {d}" for m, d in self.models.items())
-        lines = [head, f"{src}. Models: {models}.", ""]
+        lines = [head, f"{src}. Models: {models}."]
+        if self.data and self.unmeasured:
+            names = ", ".join(f"`{m}`" for m in self.unmeasured)
+            lines[-1] += f" Not measured yet (no rows, so in no table and no verdict): {names}."
+        lines.append("")
         for table in self.tables:
             lines += [*table, ""]
         lines += [
@@ -228,6 +233,7 @@ def grid_findings(
     tables = [render_table(t, rows, models) for t in specs] if recs else []
     found = GridFindings(exp.name, str(meta.get("source", "the source")),
                          file.name if recs else "", len(recs), models, verdicts, tables)  # fmt: skip
+    found.unmeasured = [m for m in cfgs if m not in {r.method for r in recs}]
     if not recs:
         found.missing = (
             f"no `{file.name}` committed in the data folder"
