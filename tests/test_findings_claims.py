@@ -58,7 +58,7 @@ def test_threshold_needs_the_whole_interval_on_the_claimed_side():
              *frontier("gated", 2, 1, {8: 1.0}), *frontier("gated", 2, 2, {8: 0.97})]  # fmt: skip
     v = _verdict(NEAR_PERFECT, mixed)
     assert v.word == IN_DIRECTION, v.evidence
-    assert v.evidence[0].startswith("gated lowest of d=1–2 at T=8: 98.7% (needs > 98; difference")
+    assert v.evidence[0].startswith("gated lowest of d=1–2 at T=8: 98.7% (needs > 98; margin")
     low = [r for s in range(3) for d in (1, 2) for r in frontier("gated", s, d, {8: 0.9})]
     assert _verdict(NEAR_PERFECT, low).word == NOT_REPRODUCED
     one = [r for d in (1, 2) for r in frontier("gated", 0, d, {8: 1.0})]
@@ -94,7 +94,7 @@ def test_a_difference_against_a_margin():
     v = _verdict(claim, far)
     assert v.word == NOT_REPRODUCED, v.evidence
     assert v.evidence[0] == (
-        "gated d=4 at T=32 − unshared d=4 at T=6: -10.0% (needs > −2; difference -8 ± 0 (95% t "
+        "gated d=4 at T=32 − unshared d=4 at T=6: -10.0% (needs > −2; margin -8 ± 0 (95% t "
         "half-width, 3 seeds))"
     )
 

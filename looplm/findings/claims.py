@@ -440,7 +440,7 @@ def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
             target = float(claim["value"])
             word, text = judge([v - target for v in got.values()], sign)
             mean = f"{np.mean(list(got.values())):.1f}{unit}" if got else "no rows"
-            need = f"needs {claim['op']} {_num(target)}; difference {text}"
+            need = f"needs {claim['op']} {_num(target)}; margin {text}"
             parts.append((word, f"{_label(rows, point, method)}: {mean} ({need})"))
             continue
         for rival in rivals:
@@ -456,7 +456,7 @@ def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
                 parts.append((word, f"{vs}: {text}"))
                 continue
             mean = f"{np.mean(deltas):+.1f}{unit}" if deltas else "no rows"
-            need = f"needs {claim['op']} {_num(target)}; difference {text}"
+            need = f"needs {claim['op']} {_num(target)}; margin {text}"
             parts.append((word, f"{vs}: {mean} ({need})"))
     return Verdict(weakest([w for w, _ in parts]), [t for _, t in parts])
 
