@@ -233,7 +233,8 @@ def grid_findings(
     tables = [render_table(t, rows, models) for t in specs] if recs else []
     found = GridFindings(exp.name, str(meta.get("source", "the source")),
                          file.name if recs else "", len(recs), models, verdicts, tables)  # fmt: skip
-    found.unmeasured = [m for m in cfgs if m not in {r.method for r in recs}]
+    measured = {r.method for r in recs}
+    found.unmeasured = [m for m in cfgs if m not in measured]
     if not recs:
         found.missing = (
             f"no `{file.name}` committed in the data folder"
