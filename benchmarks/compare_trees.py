@@ -10,7 +10,7 @@ alike. A worker measures, with one torch thread:
 * **training**: looplm's own ``train_step`` (forward, backward, clip, AdamW) of SCSE at the 22m
   preset's width, T = 8, batch 2 × 128 random tokens, dropout 0 — one warm-up step, then
   ``--steps`` timed steps;
-* **generation**: greedy cached decoding (``looplm.generate.decode``) of a randomly initialised
+* **generation**: greedy cached decoding (``looplm.decoding.decoder.decode``) of a randomly initialised
   tiny SCSE model (d 128, bytes), 8 prompts × 32 tokens → 96 new tokens at T = 8: fixed depth,
   per-token KL halting (threshold 1e-3) and per-token update halting (maxtoken, 0.3); the best of
   ``--repeats`` calls per round (the tiny model makes per-step Python overhead visible).
@@ -51,9 +51,9 @@ def worker(tree: str, steps: int, repeats: int) -> dict:
     import torch
 
     import looplm
-    from looplm.config import load_config
-    from looplm.generate import decode
-    from looplm.train import setup, train_step
+    from looplm.decoding.decoder import decode
+    from looplm.settings.config import load_config
+    from looplm.training.loop import setup, train_step
 
     assert Path(looplm.__file__).resolve().is_relative_to(Path(tree).resolve()), looplm.__file__
     torch.set_num_threads(1)

@@ -1,8 +1,8 @@
-"""Decoding throughput of this tree's ``looplm.generate`` against another tree's, in one process.
+"""Decoding throughput of this tree's ``looplm.decoding.decoder`` against another tree's, in one process.
 
     python benchmarks/generation_ab.py BEFORE_TREE [--reps 40]
 
-The other tree's ``looplm/generate.py`` is loaded as a module of its own on top of this tree's
+The other tree's ``looplm/decoding/decoder.py`` is loaded as a module of its own on top of this tree's
 package (it must import only names this tree still provides), so both decode with the same model
 object in the same process, alternating call by call: machine load from other work then hits both
 alike, which separate processes (``compare_trees.py``) cannot guarantee on a shared machine. A
@@ -28,13 +28,13 @@ MODES = (("none", 0.0), ("kl", 1e-3), ("maxtoken", 0.3))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("before", help="source tree whose looplm/generate.py is 'before'")
+    ap.add_argument("before", help="source tree whose looplm/decoding/decoder.py is 'before'")
     ap.add_argument("--reps", type=int, default=40, help="calls per version and mode")
     args = ap.parse_args(argv)
     import torch
 
     import looplm
-    import looplm.generate as after
+    import looplm.decoding.decoder as after
 
     torch.set_num_threads(1)
     path = Path(args.before) / "looplm" / "generate.py"

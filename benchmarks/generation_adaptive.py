@@ -11,13 +11,13 @@ WikiText-2 test split in the model's tokenizer, B windows at evenly spaced offse
 1. **Threshold sweep (quality).** For each halting threshold, the held-out NLL of the text read
    through the cached decoding path: the first ``--prompt`` tokens of a window are prefilled at
    full T, then every next true token is fed as one decoding step with per-token halting
-   (``looplm.generate.adaptive_next_logits``) and the NLL of the token after it is scored; mean
+   (``looplm.decoding.decoder.adaptive_next_logits``) and the NLL of the token after it is scored; mean
    NLL per scored token and mean loops per decoded token. The gap is relative to threshold 0,
    which is fixed-depth decoding exactly. The chosen threshold is also read with the prefill
    halted by the same rule (prefill halting).
 2. **Chosen threshold** per rule: the largest one whose held-out NLL gap is within ``--max-gap``
    (0.5%).
-3. **Speed.** Generation of ``--new`` tokens for B prompts (``looplm.generate.decode``), sampled
+3. **Speed.** Generation of ``--new`` tokens for B prompts (``looplm.decoding.decoder.decode``), sampled
    at ``--temperature`` 1 with a fixed seed (greedy decoding of a small byte-level model falls into
    repeating one word, which says little about either speed or quality): fixed T against adaptive
    at the chosen threshold, with the prefill at full T and halted, run in alternating order over
@@ -27,7 +27,7 @@ WikiText-2 test split in the model's tokenizer, B windows at evenly spaced offse
    model (one uncached forward over prompt + continuation), beside the fixed-T continuation's own,
    with the standard error of the difference (the two continuations are different samples).
 5. **Batching.** ``--mixed`` prompts of mixed lengths (prompt 8–64 tokens, 8–``--new`` new
-   tokens, seeded) through ``--slots`` slots (``looplm.batching.generate_many``): static batches
+   tokens, seeded) through ``--slots`` slots (``looplm.decoding.batching.generate_many``): static batches
    (each runs to its longest sequence) against continuous batching, at fixed T and adaptive;
    median tokens/s over alternating rounds.
 
@@ -79,7 +79,7 @@ def heldout(
     import torch
     import torch.nn.functional as F
 
-    from looplm.generate import Halting, StaticKVCache, adaptive_next_logits, next_logits
+    from looplm.decoding.decoder import Halting, StaticKVCache, adaptive_next_logits, next_logits
 
     halting = Halting(rule, thr)
     cache = StaticKVCache(model.config.context)
@@ -149,12 +149,12 @@ def load_model(args, device):
     import torch
 
     if args.checkpoint:
-        from looplm.checkpoint import load_checkpoint
+        from looplm.model.checkpoint import load_checkpoint
 
         model, cfg, meta = load_checkpoint(args.checkpoint, map_location=device)
         return model, cfg, meta.get("state", {})
-    from looplm.config import load_config
     from looplm.model import model_from_config
+    from looplm.settings.config import load_config
 
     cfg = load_config("wt2_22m", [f"model.preset={args.stand_in}", "model.dropout=0.0"])
     torch.manual_seed(args.seed)
@@ -185,7 +185,7 @@ def speed_runs(args, model, cfg, T: int, chosen: dict, device, quality: bool) ->
     """Fixed vs adaptive (prefill at T and halted) per batch size: medians over rounds."""
     import torch
 
-    from looplm.generate import decode
+    from looplm.decoding.decoder import decode
 
     configs = [("fixed", "none", 0.0, False)]
     for r in args.rules:
@@ -225,7 +225,7 @@ def mixed_requests(args, cfg):
     """``--mixed`` requests: prompts of 8–64 WikiText-2 test tokens, 8–``--new`` new tokens."""
     import torch
 
-    from looplm.batching import Request
+    from looplm.decoding.batching import Request
 
     g = torch.Generator().manual_seed(args.seed)
     text = text_windows(cfg, args.data_dir, args.mixed, 64, "cpu")
@@ -240,7 +240,7 @@ def mixed_requests(args, cfg):
 
 def batching_runs(args, model, cfg, T: int, chosen: dict, device) -> list[dict]:
     """Static vs continuous batching of the mixed set, fixed T and each chosen rule."""
-    from looplm.batching import generate_many
+    from looplm.decoding.batching import generate_many
 
     requests = mixed_requests(args, cfg)
     configs = []
@@ -423,7 +423,7 @@ def render_tables(args, T, base_nll, sweep, chosen, prefill, speed, batching) ->
             "",
             f"**Batching**: {args.mixed} WikiText-2 test prompts of 8–64 tokens, each with 8–"
             f"{args.new} new tokens (seeded), {sampling}, through {args.slots} slots "
-            "(`looplm.batching.generate_many`); static: groups of slots run to their longest "
+            "(`looplm.decoding.batching.generate_many`); static: groups of slots run to their longest "
             "sequence; continuous: a slot takes the next prompt when its sequence ends. Median "
             f"over {args.rounds} alternating rounds. Rows computed: sequence-steps of the "
             "decoding passes.",

@@ -51,7 +51,7 @@ WORKER = r"""
 import json, sys, time, torch
 torch.set_num_threads(2)
 import looplm, looplm.model.families, looplm.model.families.base
-from looplm.generate import StaticKVCache, next_logits
+from looplm.decoding.decoder import StaticKVCache, next_logits
 from looplm.model.halting import TokenHalting
 def status(key):
     return int(next(l for l in open('/proc/self/status') if l.startswith(key + ':')).split()[1]) * 1024

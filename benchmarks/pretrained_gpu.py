@@ -61,7 +61,7 @@ def build(name: str, device, dtype):
 def run(model, T: int, prompt: int, new: int, halt: bool, device) -> tuple[float, float, float]:
     import torch
 
-    from looplm.generate import StaticKVCache, next_logits
+    from looplm.decoding.decoder import StaticKVCache, next_logits
     from looplm.model.halting import TokenHalting
 
     class Half:  # every token halts after step T/2

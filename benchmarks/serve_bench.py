@@ -162,9 +162,9 @@ def quality(args, model, cfg, T: int) -> str:
 def load_model(args):
     import torch
 
-    from looplm.checkpoint import load_checkpoint, save_checkpoint
-    from looplm.config import load_config
     from looplm.model import model_from_config
+    from looplm.model.checkpoint import load_checkpoint, save_checkpoint
+    from looplm.settings.config import load_config
 
     if args.checkpoint:
         model, cfg, _ = load_checkpoint(args.checkpoint)

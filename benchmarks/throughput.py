@@ -64,8 +64,8 @@ def make_state(
 ):
     """A looplm TrainState for ``preset``/``recurrence`` at fixed depth ``loops`` on random
     tokens (dropout 0)."""
-    from looplm.config import load_config
-    from looplm.train import setup
+    from looplm.settings.config import load_config
+    from looplm.training.loop import setup
 
     over = [
         f"model.preset={preset}",
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from looplm.train import train_step
+    from looplm.training.loop import train_step
 
     if args.threads:
         torch.set_num_threads(args.threads)

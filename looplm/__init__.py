@@ -20,7 +20,7 @@ _LAZY = {
     "build_model": "looplm.model",
     "model_from_config": "looplm.model",
     "recurrence_names": "looplm.model",
-    "flops": "looplm.accounting",
+    "flops": "looplm.model.accounting",
     "from_pretrained": "looplm.model.families",
     "import_pretrained": "looplm.model.families",
 }

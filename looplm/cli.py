@@ -16,29 +16,8 @@ import os
 import sys
 
 from looplm.errors import LoopLMError, describe_os_error
+from looplm.settings.plugins import command_modules
 from looplm.signals import Interrupted
-
-
-def command_modules() -> list[str]:
-    """Every command's module, found by scanning (no list to edit): the modules of
-    ``looplm/commands/`` and each analysis package's ``command`` module (``looplm/lens/
-    command.py``). A command module defines ``register(subparsers)``."""
-    import pkgutil
-
-    import looplm.commands
-    from looplm.plugins import analysis_modules
-
-    here = [
-        f"looplm.commands.{m.name}"
-        for m in sorted(pkgutil.iter_modules(looplm.commands.__path__), key=lambda m: m.name)
-        if not m.name.startswith("_")
-    ]
-    # one alphabetical list (an analysis package's command sorts by the package's name)
-    return sorted(
-        here + analysis_modules("command"),
-        key=lambda m: m.split(".")[-2 if m.endswith(".command") else -1],
-    )
-
 
 COMMAND_MODULES = command_modules()
 
@@ -61,7 +40,7 @@ def _plugin_commands() -> list[str]:
     """Plugin modules (``$LOOPLM_PLUGINS``) that bring a command: those that define a function
     ``register(subparsers)`` of their own.
     A plugin analysis is then one module: its settings, kind, report section and command."""
-    from looplm.plugins import plugin_modules
+    from looplm.settings.plugins import plugin_modules
 
     out = []
     for name in plugin_modules():

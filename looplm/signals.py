@@ -1,6 +1,6 @@
 """Stopping a command that trains several models: SIGTERM and Ctrl-C stop the whole command.
 
-A training (:func:`looplm.train.fit`) catches SIGTERM/SIGINT itself, writes a checkpoint and
+A training (:func:`looplm.training.loop.fit`) catches SIGTERM/SIGINT itself, writes a checkpoint and
 returns ``stopped="signal"``; a command that trains one model after another (``looplm demo``) must
 then stop too instead of going on with the next model. :func:`stop_on_signals` makes the signals
 raise :class:`Interrupted` outside a training, :func:`raise_if_stopped` turns a training that a

@@ -54,9 +54,9 @@ HF_VARIANTS: dict[str, tuple[str, ...]] = {
 def tiny_checkpoint(folder: Path, recurrence: str = "scse", *overrides: str):
     """A tiny_wt2 model of ``recurrence`` (dropout 0, moved away from its init so that the head
     and the loop matter) saved to ``folder``: (checkpoint path, the model in eval mode)."""
-    from looplm.checkpoint import save_checkpoint
-    from looplm.config import load_config
     from looplm.model import model_from_config
+    from looplm.model.checkpoint import save_checkpoint
+    from looplm.settings.config import load_config
 
     cfg = load_config(
         "tiny_wt2", [f"model.recurrence={recurrence}", "model.dropout=0.0", *overrides]

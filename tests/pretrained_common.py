@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import looplm
-from looplm.batching import Request, generate_many
-from looplm.generate import decode
+from looplm.decoding.batching import Request, generate_many
+from looplm.decoding.decoder import decode
 from looplm.model.families import build_meta, published_model_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pretrained"

@@ -9,23 +9,24 @@ import numpy as np
 import pytest
 import torch
 
-from looplm.errors import LoopLMError
-from looplm.evaluate.adaptive import (
-    KLHalt,
-    LinearRouter,
-    RouterHalt,
+from looplm.adaptive.depth import (
     calibrate_threshold,
     evaluate_maxtoken,
-    evaluate_per_token,
-    fit_router,
-    harvest_router_data,
     maxtoken_forward,
-    per_token_halting,
     stopping_depths,
     update_trace,
 )
+from looplm.adaptive.halting import (
+    LinearRouter,
+    evaluate_per_token,
+    fit_router,
+    harvest_router_data,
+    per_token_halting,
+)
+from looplm.errors import LoopLMError
 from looplm.evaluate.records import flops_per_token
 from looplm.model import build_model
+from looplm.model.halting_rules import KLHalt, RouterHalt
 
 SMALL = dict(d_model=32, n_heads=2, d_ff=64, context=16, dropout=0.0)
 
@@ -231,11 +232,11 @@ def test_kl_halting_skip_and_dense_agree_and_depth_decreases_with_threshold():
 
 
 def test_adaptive_cli_writes_one_row_per_rule_setting(tmp_path, capsys):
-    from looplm.checkpoint import save_checkpoint
     from looplm.cli import main
-    from looplm.config import load_config
     from looplm.model import model_from_config
+    from looplm.model.checkpoint import save_checkpoint
     from looplm.results.store import ResultsStore
+    from looplm.settings.config import load_config
 
     cfg = load_config(
         None,
@@ -331,8 +332,8 @@ def test_readout_statistics_are_chunked_and_exact(monkeypatch):
     """Adaptive evaluation and the diagnostics read out in chunks of rows (no (N, V) table): with
     five rows a chunk the halting depths, NLL and successive KL equal the one-chunk results."""
     import looplm.model.loss as loss
+    from looplm.adaptive.measure import nll_rows
     from looplm.diagnostics.convergence import successive_kl
-    from looplm.evaluate.common import nll_rows
 
     model = tiny("scse", seed=7)
     x, y = batches(8, bs=8)[0]

@@ -15,8 +15,8 @@ import pytest
 from looplm import cli
 from looplm.errors import LoopLMError
 from looplm.evaluate.kinds import evaluation_kinds
-from looplm.options import add_options, from_args
 from looplm.settings import UNION_TYPES, defaults
+from looplm.settings.options import add_options, from_args
 
 
 def _commands() -> dict[str, tuple[argparse.ArgumentParser, tuple[type, ...]]]:
@@ -116,10 +116,10 @@ LIBRARY = {  # the library function of each analysis and the settings class it t
     "looplm.diagnostics.checkpoints.diagnose_checkpoints": "DiagnoseSettings",
     "looplm.lens.analysis.analyse_lens": "LensSettings",
     "looplm.lens.analysis.lens_checkpoint": "LensSettings",
-    "looplm.generation.generate_text": "GenerateSettings",
-    "looplm.generation.generate_file": "GenerateSettings",
+    "looplm.decoding.generate.generate_text": "GenerateSettings",
+    "looplm.decoding.generate.generate_file": "GenerateSettings",
     "looplm.results.report.write_report": "ReportSettings",
-    "looplm.hf.export_checkpoint": "ExportSettings",
+    "looplm.decoding.hf.export_checkpoint": "ExportSettings",
 }
 
 

@@ -1,5 +1,5 @@
-"""Continuous batching (looplm.batching): every sequence gets the tokens and loop depths it gets
-when generated alone (looplm.generate.decode), whatever shares its batch; slots are refilled."""
+"""Continuous batching (looplm.decoding.batching): every sequence gets the tokens and loop depths it gets
+when generated alone (looplm.decoding.decoder.decode), whatever shares its batch; slots are refilled."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from looplm.batching import Request, generate_many
-from looplm.config import load_config
+from looplm.decoding.batching import Request, generate_many
+from looplm.decoding.decoder import decode
 from looplm.errors import LoopLMError
-from looplm.generate import decode
 from looplm.model import model_from_config
+from looplm.settings.config import load_config
 
 LAYOUTS = {
     "learned": (),
@@ -147,10 +147,10 @@ def test_bad_settings_are_one_line_errors() -> None:
 
 
 def test_cli_generate_prompts(tmp_path, capsys) -> None:
-    from looplm.checkpoint import save_checkpoint
     from looplm.cli import main
-    from looplm.config import load_config
     from looplm.data import get_tokenizer
+    from looplm.model.checkpoint import save_checkpoint
+    from looplm.settings.config import load_config
 
     cfg = load_config("tiny_wt2", ["model.dropout=0.0"])
     torch.manual_seed(0)

@@ -109,7 +109,7 @@ def test_report_on_a_one_seed_store_names_the_flags(tmp_path, capsys):
 def test_generate_streams_and_does_not_allocate_up_front(ckpt, capsys, monkeypatch):
     """A billion tokens asked for: the first ones are printed as they come, and Ctrl-C (here
     after five tokens) stops at once."""
-    from looplm import generate
+    from looplm.decoding import decoder as generate
 
     real, calls = generate.next_logits, []
 
@@ -136,9 +136,9 @@ def test_generate_streams_and_does_not_allocate_up_front(ckpt, capsys, monkeypat
 
 
 def test_generate_streamed_text_is_the_decoded_continuation(ckpt, capsys):
-    from looplm.checkpoint import load_checkpoint
     from looplm.data import get_tokenizer
-    from looplm.generate import decode
+    from looplm.decoding.decoder import decode
+    from looplm.model.checkpoint import load_checkpoint
 
     assert main(["generate", str(ckpt), "--prompt", "The ", "--max-new", "12"]) == 0
     streamed = capsys.readouterr().out.splitlines()[0]
@@ -151,7 +151,7 @@ def test_generate_streamed_text_is_the_decoded_continuation(ckpt, capsys):
 
 def test_off_and_no_stay_words_in_overrides_and_config_files(tmp_path) -> None:
     # YAML 1.1 reads off/on/yes/no as booleans: `train.autocast=off` became the string 'False'
-    from looplm.config import load_config
+    from looplm.settings.config import load_config
 
     cfg = load_config("tiny_bool", ["train.autocast=off", "train.compile=false"])
     assert cfg.train.autocast == "off" and cfg.train.compile is False

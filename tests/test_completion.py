@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-from looplm.config import load_config
 from looplm.data.corpora import LambadaExample, lambada_examples
 from looplm.data.tokenizers import get_tokenizer
 from looplm.errors import LoopLMError
 from looplm.evaluate.completion import lambada_batches, lambada_items, lambada_sweep
 from looplm.model import build_model
+from looplm.settings.config import load_config
 
 TEXTS = [
     "The cat sat on the mat",
@@ -158,8 +158,8 @@ def test_batched_metrics_equal_unbatched_forward_and_greedy_decode(tmp_path):
 
 
 def test_cli_lambada_writes_store_rows(tmp_path, capsys):
-    from looplm.checkpoint import save_checkpoint
     from looplm.cli import main
+    from looplm.model.checkpoint import save_checkpoint
     from looplm.results.store import ResultsStore
 
     cfg = load_config(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import looplm.demo as demo
+import looplm.experiments.demo as demo
 from looplm.cli import main
 
 

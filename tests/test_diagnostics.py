@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from looplm import build_model
-from looplm.config import UNSHARED
 from looplm.diagnostics import (
     AnchorMap,
     anchor_response,
@@ -23,6 +22,7 @@ from looplm.diagnostics import (
 )
 from looplm.diagnostics.convergence import TOKEN_TYPES, _byte_types, _piece_types
 from looplm.model.recurrences import get_recurrence_class, recurrence_names
+from looplm.settings.config import UNSHARED
 
 
 @pytest.fixture(autouse=True)

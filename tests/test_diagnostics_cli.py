@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from looplm import build_model
-from looplm.checkpoint import save_checkpoint
 from looplm.cli import main
-from looplm.config import load_config
+from looplm.model.checkpoint import save_checkpoint
 from looplm.results.store import ResultsStore
+from looplm.settings.config import load_config
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from looplm.checkpoint import load_checkpoint
-from looplm.config import load_config
+from looplm.model.checkpoint import load_checkpoint
+from looplm.settings.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 ATOL = 2e-6  # float32 summation-order differences after a few AdamW steps (observed ~1e-7)
@@ -81,8 +81,8 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
     torch.set_num_threads(1)
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from looplm.distributed import cleanup
-    from looplm.train import save, setup, train_step
+    from looplm.training.distributed import cleanup
+    from looplm.training.loop import save, setup, train_step
 
     tmp_p = Path(tmp)
     # (a) FSDP2 from scratch, 3 steps (saved: the full state gathered from 2 shards)
@@ -121,7 +121,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
 
 
 def test_fsdp_ddp_match_one_process_and_resume_across_world_sizes(tmp_path: Path) -> None:
-    from looplm.train import save, setup, train_step
+    from looplm.training.loop import save, setup, train_step
 
     # Reference: one process, 8 rows per step; S3 = its step-3 checkpoint, R6 = its step 6.
     ts = setup(_cfg(tmp_path / "single", "train.batch_size=8"))
@@ -164,7 +164,7 @@ def test_fsdp_ddp_match_one_process_and_resume_across_world_sizes(tmp_path: Path
 
 
 def test_torchrun_cli_ddp_matches_one_process(tmp_path: Path) -> None:
-    from looplm.train import fit
+    from looplm.training.loop import fit
 
     # norm_reset's gain (period 4) is unused at T < 4: DDP must cope with unused parameters.
     common = [

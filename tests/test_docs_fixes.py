@@ -11,7 +11,7 @@ import pytest
 from looplm.cli import build_parser
 from looplm.diagnostics import plots
 from looplm.errors import LoopLMError
-from looplm.experiments import eval_kinds, load_experiment
+from looplm.experiments.runner import eval_kinds, load_experiment
 from looplm.results.figures import Series, plot_accuracy_response
 
 
@@ -93,7 +93,7 @@ def test_accuracy_response_figure(tmp_path: Path) -> None:
 
 
 def _tiny(out: Path, steps: int):
-    from looplm.config import load_config
+    from looplm.settings.config import load_config
 
     return load_config(
         "tiny_bool",
@@ -106,9 +106,9 @@ def _tiny(out: Path, steps: int):
 def test_max_steps_caps_each_run_from_where_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from looplm.checkpoint import read_meta
-    from looplm.config import load_config
-    from looplm.train import fit
+    from looplm.model.checkpoint import read_meta
+    from looplm.settings.config import load_config
+    from looplm.training.loop import fit
 
     monkeypatch.setenv("LOOPLM_MAX_STEPS", "2")
     out = tmp_path / "run"

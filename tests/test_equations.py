@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import looplm
-from looplm.config import UNSHARED
 from looplm.model import build_model
 from looplm.model.recurrences import get_recurrence_class
+from looplm.settings.config import UNSHARED
 
 ATOL = 1e-12
 LOOPED = [n for n in looplm.recurrence_names() if n != UNSHARED]

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from looplm.experiments import run_experiment
+from looplm.experiments.runner import run_experiment
 from looplm.results.store import ResultsStore
 from tests.test_experiments import make_experiment
 

@@ -12,7 +12,7 @@ import yaml
 
 from looplm.errors import LoopLMError
 from looplm.evaluate.records import eval_tag, model_hash
-from looplm.experiments import load_experiment, run_experiment
+from looplm.experiments.runner import load_experiment, run_experiment
 from looplm.results.store import IDENTITY_FIELDS, ResultsStore
 
 WORDS = "the a cat dog sat ran on under mat log and then it was big small red".split()
@@ -156,7 +156,7 @@ def test_changed_training_config_under_existing_run_is_an_error(tmp_path):
 
 
 def test_identity_helpers():
-    from looplm.config import load_config
+    from looplm.settings.config import load_config
 
     a = load_config(None, ["train.seed=0", "train.device=cpu"])
     b = load_config(None, ["train.seed=3", "train.log_every=7"])

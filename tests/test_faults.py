@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from looplm.checkpoint import checkpoint_exists, load_checkpoint, read_meta
 from looplm.cli import main
+from looplm.experiments.cells import LOCK_NAME
+from looplm.model.checkpoint import checkpoint_exists, load_checkpoint, read_meta
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,8 +139,8 @@ def test_text_corpus_path_is_stored_absolute_and_eval_works_elsewhere(
 
 
 def test_data_dir_env_is_honoured_by_the_wikitext_config(tmp_path, monkeypatch):
-    from looplm.config import load_config
     from looplm.data.cache import default_data_dir
+    from looplm.settings.config import load_config
 
     folder = tmp_path / "mydata" / "wikitext-2"
     folder.mkdir(parents=True)
@@ -161,8 +162,8 @@ def _enospc(*args, **kwargs):
 
 
 def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, capsys):
-    from looplm import checkpoint
     from looplm.io import atomic_open
+    from looplm.model import checkpoint
 
     out = tmp_path / "run"
     assert train_cli(tmp_path, str(out), 2) == 0
@@ -278,8 +279,8 @@ def test_store_errors_are_one_line_naming_the_store(tmp_path, capsys):
 _SAVER = textwrap.dedent(
     """
     import sys, torch
-    from looplm.checkpoint import save_checkpoint
-    from looplm.config import load_config
+    from looplm.model.checkpoint import save_checkpoint
+    from looplm.settings.config import load_config
     from looplm.model import model_from_config
     cfg = load_config("tiny_bool", ["model.d_model=32", "model.n_heads=2", "model.d_ff=64"])
     model = model_from_config(cfg.model)
@@ -349,7 +350,7 @@ def test_kill_during_store_writes_keeps_every_committed_row(tmp_path):
 # ----------------------------------------------------------------------------- concurrent sweeps
 def _two_cell_grid(tmp_path):
     """A two-run grid (scse, looped; tiny, 2 steps) for the locking tests."""
-    from looplm import experiments
+    from looplm.experiments import runner as experiments
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(
@@ -369,7 +370,7 @@ def _two_cell_grid(tmp_path):
 
 def test_concurrent_sweeps_share_the_grid(tmp_path, monkeypatch):
     """A cell another process holds is passed over, then waited for: it is trained once."""
-    from looplm import experiments
+    from looplm.experiments import runner as experiments
     from looplm.io import file_lock
 
     exp = _two_cell_grid(tmp_path)
@@ -381,7 +382,7 @@ def test_concurrent_sweeps_share_the_grid(tmp_path, monkeypatch):
     other_has_it = threading.Event()
 
     def other_process() -> None:
-        with file_lock(first.run_dir / experiments.LOCK_NAME):
+        with file_lock(first.run_dir / LOCK_NAME):
             other_has_it.set()
             time.sleep(0.5)
             trained.append(f"other:{first.label}")
@@ -401,7 +402,7 @@ def test_training_does_not_wait_for_a_finished_cell_another_process_evaluates(
 ):
     """A finished cell is passed over without its lock (another sweep may hold it for a long
     evaluation): the training pass neither waits for it nor trains it."""
-    from looplm import experiments
+    from looplm.experiments import runner as experiments
     from looplm.io import file_lock
 
     exp = _two_cell_grid(tmp_path)
@@ -413,7 +414,7 @@ def test_training_does_not_wait_for_a_finished_cell_another_process_evaluates(
         experiments, "train_run", lambda plan, progress=None: trained.append(plan.label) or "x"
     )
     summary: dict = {"timings": {}}
-    with file_lock(first.run_dir / experiments.LOCK_NAME):  # held for the whole training pass
+    with file_lock(first.run_dir / LOCK_NAME):  # held for the whole training pass
         t0 = time.perf_counter()
         assert experiments._train_all(exp, summary, show=False)
     assert trained == [exp.runs[1].label] and summary["skipped_training"] == 1
@@ -423,7 +424,7 @@ def test_training_does_not_wait_for_a_finished_cell_another_process_evaluates(
 def test_concurrent_sweeps_split_the_evaluations(tmp_path, monkeypatch):
     """Evaluation takes the cell's lock too: a cell another process is evaluating is left to
     that process (no second evaluation, no idle wait)."""
-    from looplm import experiments
+    from looplm.experiments import runner as experiments
     from looplm.io import file_lock
 
     exp = _two_cell_grid(tmp_path)
@@ -442,7 +443,7 @@ def test_concurrent_sweeps_split_the_evaluations(tmp_path, monkeypatch):
     other_has_it = threading.Event()
 
     def other_process() -> None:
-        with file_lock(first.run_dir / experiments.LOCK_NAME):
+        with file_lock(first.run_dir / LOCK_NAME):
             other_has_it.set()
             time.sleep(0.5)
             seen.append(f"other:{first.label}")
@@ -467,7 +468,7 @@ def test_concurrent_sweeps_split_the_evaluations(tmp_path, monkeypatch):
 )
 def test_a_bad_report_section_is_refused_before_training(tmp_path, report, named):
     from looplm.errors import LoopLMError
-    from looplm.experiments import run_experiment
+    from looplm.experiments.runner import run_experiment
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from looplm.checkpoint import save_checkpoint
-from looplm.config import dump_config, load_config
 from looplm.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from looplm.model import build_model
+from looplm.model.checkpoint import save_checkpoint
 from looplm.results.plotting import new_figure, save_png
+from looplm.settings.config import dump_config, load_config
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Verdicts of the experiment grids' claims (looplm.findings): each test's words come from the
+"""Verdicts of the experiment grids' claims (looplm.experiments.findings): each test's words come from the
 rows by its stated criterion, and each can fail."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from test_results_scaling import TRUE, iso_depth_sweep
 
 from looplm.errors import LoopLMError
-from looplm.findings import check_claims, claim_verdict, grid_findings, refresh_blocks
-from looplm.findings.claims import _Rows
+from looplm.experiments.findings import check_claims, claim_verdict, grid_findings, refresh_blocks
+from looplm.experiments.findings.claims import _Rows
 from looplm.results.export import write_export
 from looplm.results.store import EvalRecord
 from looplm.results.vocabulary import (
@@ -156,7 +156,7 @@ def _scaling(method: str, phi: float) -> list[EvalRecord]:
 
 
 def test_phi_claims_read_the_bootstrap_interval(monkeypatch):
-    monkeypatch.setattr("looplm.findings.claims.PHI_BOOT", 10)
+    monkeypatch.setattr("looplm.experiments.findings.claims.PHI_BOOT", 10)
     recs = _scaling("looped", 0.46) + _scaling("trunc", 0.2) + _scaling("hc", 0.8)
     value = {"text": "x", "test": "phi_value", "method": "looped", "value": 0.46}
     v = _verdict(value, recs)
@@ -323,7 +323,7 @@ def test_a_marker_quoted_inside_a_line_is_not_a_block():
 def test_phi_fits_are_memoised_by_their_points(tmp_path, monkeypatch):
     """A φ fit computed from a data folder is kept beside the export (<grid>.fits.json) under the
     hash of its points; the next computation from the same rows reads it, a changed row refits."""
-    monkeypatch.setattr("looplm.findings.claims.PHI_BOOT", 10)
+    monkeypatch.setattr("looplm.experiments.findings.claims.PHI_BOOT", 10)
     recs = _scaling("looped", 0.46) + _scaling("looped_trunc2", 0.2) + _scaling("hyper_looped", 0.8)
     write_export(recs, tmp_path / "phi.jsonl")
     first = grid_findings("phi", data=tmp_path)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from looplm import paper
-from looplm.findings import findings_grids
-from looplm.findings.claims import BLOCK as BLOCK_RE
-from looplm.paper.report import entry_verdicts
-from looplm.paper.verdicts import (
+from looplm.experiments import paper
+from looplm.experiments.findings import findings_grids
+from looplm.experiments.findings.claims import BLOCK as BLOCK_RE
+from looplm.experiments.paper.report import entry_verdicts
+from looplm.experiments.paper.verdicts import (
     IN_DIRECTION,
     NOT_REPRODUCED,
     prose_disagreements,
@@ -171,7 +171,7 @@ def test_findings_page_blocks_are_the_computed_verdicts(grid: str) -> None:
     """docs/findings.md quotes, for every experiment grid with a findings: section, exactly the
     block `looplm findings GRID --data docs/data` computes from the committed export (a grid
     without one reads "not yet run" until its rows are committed)."""
-    from looplm.findings import grid_findings
+    from looplm.experiments.findings import grid_findings
 
     text = (ROOT / FINDINGS_PAGE).read_text(encoding="utf-8")
     blocks = {m.group(1): m.group(0) for m in BLOCK_RE.finditer(text)}
@@ -188,7 +188,7 @@ def test_findings_page_blocks_are_the_computed_verdicts(grid: str) -> None:
 
 
 def _findings_computed() -> dict[tuple[str, str], str]:
-    from looplm.findings import grid_findings
+    from looplm.experiments.findings import grid_findings
 
     return {
         (grid, claim["text"]): v.word
@@ -228,7 +228,7 @@ def test_findings_prose_verdicts_are_the_computed_ones() -> None:
 def test_the_committed_phi_fits_are_those_of_the_committed_rows() -> None:
     """Each grid's φ fits (docs/data/<grid>.fits.json) are keyed by the hash of the committed
     points: a grid whose rows changed without its memo being refreshed fails here, not slowly."""
-    from looplm.findings import grid_findings
+    from looplm.experiments.findings import grid_findings
 
     for grid in findings_grids():
         found = grid_findings(grid, data=DATA)
@@ -241,8 +241,8 @@ def test_the_committed_phi_fits_are_those_of_the_committed_rows() -> None:
 @pytest.mark.slow
 def test_the_committed_phi_fits_are_what_refitting_gives() -> None:
     """Refit every memoised φ from the committed rows (minutes): the memo holds the fit."""
-    from looplm.findings import grid_findings
-    from looplm.findings.claims import FITS_SUFFIX
+    from looplm.experiments.findings import grid_findings
+    from looplm.experiments.findings.claims import FITS_SUFFIX
 
     for fits in sorted(DATA.glob(f"*{FITS_SUFFIX}")):
         grid = fits.name[: -len(FITS_SUFFIX)]

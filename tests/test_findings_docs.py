@@ -1,4 +1,4 @@
-"""The findings pages speak the verdict vocabulary of :mod:`looplm.paper.verdicts` and nothing else.
+"""The findings pages speak the verdict vocabulary of :mod:`looplm.experiments.paper.verdicts` and nothing else.
 
 Every bold verdict-like phrase in the pages must be one of ``VERDICTS`` (no "partly", no
 "reproduced exactly"), every row of a verdict table opens with one such word (or says the page's
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from looplm.paper.verdicts import BY_CONSTRUCTION, VERDICTS
+from looplm.experiments.paper.verdicts import BY_CONSTRUCTION, VERDICTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["docs/paper.md", "docs/findings.md", "docs/lens_findings.md", "README.md"]

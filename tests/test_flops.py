@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import looplm
-from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
 from looplm.model.recurrences import get_recurrence_class
+from looplm.settings.config import UNSHARED
 
 V = 50257
 
@@ -88,6 +88,6 @@ def test_bad_input_raises(args, match):
 
 
 def test_flops_stays_a_function_after_importing_the_accounting_module():
-    from looplm.accounting import parameter_count  # noqa: F401
+    from looplm.model.accounting import parameter_count  # noqa: F401
 
     assert looplm.flops("22m", "scse", 8)["body"] == 39_321_600

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import looplm
-from looplm.generate import KVCache, generate, next_logits
+from looplm.decoding.decoder import KVCache, generate, next_logits
 
 METHODS = [
     "scse",
@@ -75,10 +75,10 @@ def test_sampling_is_reproducible_with_a_generator() -> None:
 
 
 def test_cli_generate(tmp_path, capsys) -> None:
-    from looplm.checkpoint import save_checkpoint
     from looplm.cli import main
-    from looplm.config import load_config
     from looplm.model import model_from_config
+    from looplm.model.checkpoint import save_checkpoint
+    from looplm.settings.config import load_config
 
     cfg = load_config("tiny_bool", [])
     save_checkpoint(tmp_path / "ck", model_from_config(cfg.model), cfg)

@@ -1,4 +1,4 @@
-"""Adaptive per-token depth in cached generation (looplm.generate).
+"""Adaptive per-token depth in cached generation (looplm.decoding.decoder).
 
 Pinned here: threshold 0 is fixed-depth generation exactly; the cached adaptive pass equals an
 independent uncached computation of the same halting semantics (the evaluation's per-token halting
@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import looplm
-from looplm.errors import LoopLMError
-from looplm.evaluate.adaptive import per_token_halting, relative_update
-from looplm.generate import (
+from looplm.adaptive.halting import per_token_halting
+from looplm.decoding.decoder import (
     Halting,
     KVCache,
     StaticKVCache,
@@ -22,6 +21,8 @@ from looplm.generate import (
     generate,
     next_logits,
 )
+from looplm.errors import LoopLMError
+from looplm.model.halting import relative_update
 
 METHODS = [
     "scse",
@@ -178,7 +179,7 @@ def test_keys_values_of_fully_halted_steps_are_what_later_tokens_need(positions:
 
 def test_halting_rejects_bad_settings() -> None:
     model, prompt = _model("scse"), _prompts()
-    with pytest.raises(LoopLMError, match="allowed: none, kl, maxtoken"):
+    with pytest.raises(LoopLMError, match="allowed: none, kl, update, gate"):
         decode(model, prompt, 2, halt="entropy", threshold=0.1)
     with pytest.raises(LoopLMError, match="must be >= 0"):
         decode(model, prompt, 2, halt="kl", threshold=-1.0)
@@ -191,10 +192,10 @@ def test_halting_rejects_bad_settings() -> None:
 
 
 def test_cli_generate_with_halting(tmp_path, capsys) -> None:
-    from looplm.checkpoint import save_checkpoint
     from looplm.cli import main
-    from looplm.config import load_config
     from looplm.model import model_from_config
+    from looplm.model.checkpoint import save_checkpoint
+    from looplm.settings.config import load_config
 
     cfg = load_config("tiny_bool", [])
     save_checkpoint(tmp_path / "ck", model_from_config(cfg.model), cfg)
@@ -236,7 +237,7 @@ def test_coda_models_halt_by_kl_as_the_per_token_evaluation() -> None:
     """A coda model's KL reads go through the coda at every step, attending to the earlier
     positions' step-t coda inputs: the cached decode's depths and tokens are the uncached
     per-token evaluation's; a cache filled without those per-step keys/values is refused."""
-    from looplm.model.halting import KLHalt
+    from looplm.model.halting_rules import KLHalt
 
     model, prompt = _model("scse", coda_layers=1), _prompts()
     fixed = generate(model, prompt, 6, loops=4)
@@ -276,7 +277,7 @@ def test_prefill_halting_is_the_per_token_evaluation_of_the_prompt(name: str, ru
     """With prefill halting the prompt's tokens halt as the per-token halting evaluation halts
     them (same rule, same frozen states): the same depths, and the first generated token is read
     from the same last state; threshold 0 is fixed-depth generation exactly."""
-    from looplm.model.halting import KLHalt, UpdateHalt
+    from looplm.model.halting_rules import KLHalt, UpdateHalt
 
     T = 6
     model, prompt = _model(name), _prompts(B=3, L=12)

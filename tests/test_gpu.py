@@ -47,7 +47,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_bf16_compiled_matches_fp32_eager() -> None:
-    from looplm.train import compile_blocks
+    from looplm.training.loop import compile_blocks
 
     prec = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # a true fp32 reference (no TF32)
@@ -141,8 +141,8 @@ def test_evaluation_memory_is_flat_in_T() -> None:
 
 
 def test_cuda_training_run_logs_mfu_and_memory(tmp_path: Path) -> None:
-    from looplm.config import load_config
-    from looplm.train import fit
+    from looplm.settings.config import load_config
+    from looplm.training.loop import fit
 
     cfg = load_config(
         "tiny_bool",

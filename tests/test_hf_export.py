@@ -14,8 +14,8 @@ pytest.importorskip(
 from conftest import HF_VARIANTS, tiny_checkpoint  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from looplm.generate import generate  # noqa: E402
-from looplm.hf import export_checkpoint  # noqa: E402
+from looplm.decoding.decoder import generate  # noqa: E402
+from looplm.decoding.hf import export_checkpoint  # noqa: E402
 
 
 def _checkpoint(tmp_path, recurrence: str = "scse", *overrides: str):

@@ -20,9 +20,9 @@ pytest.importorskip(
 from conftest import HF_VARIANTS, tiny_checkpoint  # noqa: E402
 
 from looplm.data import get_tokenizer  # noqa: E402
-from looplm.generate import generate  # noqa: E402
-from looplm.hf import export_checkpoint, write_tokenizer  # noqa: E402
-from looplm.hf.standalone import standalone_source  # noqa: E402
+from looplm.decoding.decoder import generate  # noqa: E402
+from looplm.decoding.hf import export_checkpoint, write_tokenizer  # noqa: E402
+from looplm.decoding.hf.standalone import standalone_source  # noqa: E402
 from looplm.model import recurrence_names  # noqa: E402
 
 VARIANTS = {k: v for k, v in HF_VARIANTS.items() if k != "step_conditioned"}

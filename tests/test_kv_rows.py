@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looplm.generate import RaggedKVCache, StaticKVCache
+from looplm.decoding.decoder import RaggedKVCache, StaticKVCache
 from looplm.model.block import Block, KVSlot
 
 

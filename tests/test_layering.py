@@ -12,8 +12,32 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "looplm"
-LOWER_LAYERS = ("model", "data", "evaluate", "diagnostics", "results")
-UPPER_MODULES = ("looplm.train", "looplm.commands", "looplm.experiments", "looplm.cli")
+# The package order, lowest first: a module imports only from its own package or from a lower
+# floor; packages on one floor do not import each other. Data flows one way: settings → model /
+# data → training → evaluation and decoding → the analyses → experiments → the command line.
+FLOORS = (
+    ("errors",),
+    ("io", "device", "progress", "signals", "targets"),
+    ("settings",),
+    ("model", "data", "results"),
+    ("training", "evaluate", "decoding"),
+    ("adaptive", "diagnostics", "lens"),
+    ("experiments",),
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+)
+ROOT_MODULES = {
+    "__init__",
+    "__main__",
+    "cli",
+    "device",
+    "errors",
+    "io",
+    "progress",
+    "signals",
+    "targets",
+}
 
 
 def _imports(path: Path) -> list[str]:
@@ -27,16 +51,70 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("layer", LOWER_LAYERS)
-def test_lower_layers_never_import_training_the_cli_or_the_experiment_runner(layer):
-    files = sorted((ROOT / layer).rglob("*.py"))
-    assert files
-    for f in files:
+def _room(path: Path) -> str:
+    """The package (or root module) a file belongs to: ``model``, ``errors``, …"""
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _floor(room: str) -> int:
+    for i, rooms in enumerate(FLOORS):
+        if room in rooms:
+            return i
+    raise AssertionError(f"{room!r} is on no floor of FLOORS: place it there")
+
+
+def test_the_root_holds_only_the_package_face_and_shared_helpers():
+    """Everything else sits in a package named for what it does."""
+    loose = sorted(f.stem for f in ROOT.glob("*.py"))
+    assert set(loose) <= ROOT_MODULES, sorted(set(loose) - ROOT_MODULES)
+
+
+def test_imports_run_down_the_floors_only():
+    """No import runs back up a floor or sideways into another package on the same floor
+    (imports inside functions count)."""
+    back = []
+    for f in sorted(ROOT.rglob("*.py")):
+        room = _room(f)
+        if room == "__init__":
+            continue
         for name in _imports(f):
-            assert not name.startswith(UPPER_MODULES), (str(f.relative_to(ROOT)), name)
+            parts = name.split(".")
+            if parts[0] != "looplm" or len(parts) < 2:
+                continue
+            target = parts[1]
+            if (
+                target == room
+                or not (ROOT / target).exists()
+                and not (ROOT / f"{target}.py").exists()
+            ):
+                continue
+            if _floor(target) >= _floor(room):
+                back.append(f"{f.relative_to(ROOT)} -> {name}")
+    assert not back, back
 
 
-@pytest.mark.parametrize("lower", ["model", "config.py"])
+def test_no_module_only_hands_on_another():
+    """No re-export shim: a module that only imports names (or swaps itself for another module in
+    ``sys.modules``) would keep an old path alive after a move; callers import the real module."""
+    shims = []
+    for f in sorted(ROOT.rglob("*.py")):
+        tree = ast.parse(f.read_text())
+        body = [
+            n
+            for n in tree.body
+            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+            and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+        ]
+        text = f.read_text()
+        if "sys.modules[__name__]" in text or "import *" in text:
+            shims.append(str(f.relative_to(ROOT)))
+        elif body and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in body):
+            shims.append(str(f.relative_to(ROOT)))
+    assert not shims, shims
+
+
+@pytest.mark.parametrize("lower", ["model", "settings/config.py"])
 def test_the_model_and_the_config_never_import_data(lower):
     """The model and its settings know nothing of datasets (imports inside functions count)."""
     path = ROOT / lower
@@ -68,22 +146,32 @@ def test_key_value_settings_may_follow_an_option():
         parse_args(["train", "tiny_bool", "--resume", "--bogus"])
 
 
-MAX_FILE_LINES, MAX_FUNCTION_LINES, PLAIN_FUNCTION_LINES = 600, 80, 60
+# A smell alarm, not a gate: a file is as long as its one idea needs, but one over 900 lines (or a
+# function over 60) says why in a ``# long: <why>`` comment, so a reader knows it was meant.
+ALARM_FILE_LINES, PLAIN_FUNCTION_LINES = 900, 60
 
 
-def test_files_and_functions_stay_readable():
-    """No module in looplm/ over 600 lines, no function over 80 (definition to last line)."""
-    long = []
+def test_files_over_900_lines_say_why():
+    """A module over 900 lines carries a ``# long: <why>`` comment at module level (before its
+    first definition): split it where its ideas part, never to fit a number."""
+    unexplained = []
     for f in sorted(ROOT.rglob("*.py")):
         text = f.read_text()
-        if text.count("\n") > MAX_FILE_LINES:
-            long.append(f"{f.relative_to(ROOT)}: {text.count(chr(10))} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                n = node.end_lineno - node.lineno + 1
-                if n > MAX_FUNCTION_LINES:
-                    long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
-    assert not long, long
+        if text.count("\n") <= ALARM_FILE_LINES:
+            continue
+        tree = ast.parse(text)
+        first = min(
+            (
+                n.lineno
+                for n in tree.body
+                if not isinstance(n, (ast.Import, ast.ImportFrom, ast.Expr))
+            ),
+            default=1,
+        )
+        head = text.splitlines()[: first - 1]
+        if not any(re.match(r"# long: \S", line.strip()) for line in head):
+            unexplained.append(f"{f.relative_to(ROOT)}: {text.count(chr(10))} lines")
+    assert not unexplained, unexplained
 
 
 def test_functions_over_60_lines_say_why():
@@ -212,7 +300,7 @@ def test_commands_are_thin():
     here = sorted((ROOT / "commands").glob("*.py"))
     total = sum(f.read_text().count("\n") for f in here)
     assert total < MAX_COMMAND_LINES, total
-    light = ("looplm.errors", "looplm.options", "looplm.settings")
+    light = ("looplm.errors", "looplm.settings.options", "looplm.settings")
     for f in COMMAND_FILES:
         tree = ast.parse(f.read_text())
         assert not [n for n in tree.body if isinstance(n, ast.ClassDef)], f
@@ -222,5 +310,5 @@ def test_commands_are_thin():
                 assert (
                     mod.startswith(light)
                     or mod.endswith(".settings")
-                    or mod in ("looplm.generation",)
+                    or mod in ("looplm.decoding.generate",)
                 ), (str(f.relative_to(ROOT)), mod)

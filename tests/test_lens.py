@@ -1,4 +1,4 @@
-"""The Jacobian lens (looplm.diagnostics.lens): its equations against an independent float64
+"""The Jacobian lens (looplm.lens.jacobian, looplm.lens.readout): its equations against an independent float64
 brute-force Jacobian of the unrolled model, the estimators, merging, files, readouts and errors."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from looplm.diagnostics import lens as L
 from looplm.errors import LoopLMError
+from looplm.lens import jacobian as L
+from looplm.lens import readout as R
 from looplm.model import build_model
 
 SMALL = dict(d_model=8, n_heads=2, d_ff=16, context=8, vocab_size=24, dropout=0.0)
@@ -210,12 +211,12 @@ def test_bad_input_is_one_line_error():
 def test_tuned_lens_is_affine_per_step_and_beats_identity_in_training():
     model = tiny("looped", dtype=torch.float32)
     ids = [prompts(8, seed=4), prompts(8, seed=5)]
-    tuned = L.fit_tuned_lens(model, ids, loops=3, steps=60, lr=1e-2)
+    tuned = R.fit_tuned_lens(model, ids, loops=3, steps=60, lr=1e-2)
     hidden, _ = L.loop_states(model, ids[0], 3)
     A, b = tuned.weights[1].float(), tuned.biases[1].float()
     expect = model.readout(torch.einsum("ij,blj->bli", A, hidden[1]) + b)
     assert torch.allclose(tuned.apply(model, hidden[1], 1), expect, atol=1e-5)
-    untrained = L.fit_tuned_lens(model, ids, loops=3, steps=0)
+    untrained = R.fit_tuned_lens(model, ids, loops=3, steps=0)
     assert untrained.final_kl[0] > 1e-3
     for t in range(3):
         assert tuned.final_kl[t] < 0.8 * untrained.final_kl[t]
@@ -224,9 +225,9 @@ def test_tuned_lens_is_affine_per_step_and_beats_identity_in_training():
 
 def test_tuned_lens_save_load(tmp_path):
     model = tiny("scse", dtype=torch.float32)
-    tuned = L.fit_tuned_lens(model, [prompts(4)], loops=2, steps=5)
+    tuned = R.fit_tuned_lens(model, [prompts(4)], loops=2, steps=5)
     tuned.save(tmp_path / "tuned")
-    back = L.TunedLens.load(tmp_path / "tuned")
+    back = R.TunedLens.load(tmp_path / "tuned")
     assert back.metadata() == tuned.metadata()
     assert all(torch.equal(back.weights[t], tuned.weights[t]) for t in range(3))
     with pytest.raises(LoopLMError, match="kind 'tuned_lens'"):
@@ -240,7 +241,7 @@ def test_fidelity_metrics_against_torch_reference():
     y[:, -1] = prompts(5, seed=7)[:, 0]
     y[0, 2] = 3
     logit = L.logit_lens(model, 3)
-    fid = L.fidelity(model, {"logit": logit}, [(x, y)], loops=3, k=2)
+    fid = R.fidelity(model, {"logit": logit}, [(x, y)], loops=3, k=2)
     hidden, final = L.loop_states(model, x, 3)
     q = torch.log_softmax(model.readout(hidden[1]).double(), -1)
     p = torch.log_softmax(final.double(), -1)
@@ -253,10 +254,10 @@ def test_fidelity_metrics_against_torch_reference():
     top2 = final.topk(2, -1).indices
     hit0 = [bool((top2[0, pos] == y[0, pos]).any()) for pos in (2, 5)]
     assert float(fid.values["logit"]["pass_at_k"][3][0]) == sum(hit0) / 2
-    big = L.fidelity(model, {"logit": logit}, [(x, y)], loops=3, k=24)
+    big = R.fidelity(model, {"logit": logit}, [(x, y)], loops=3, k=24)
     assert torch.equal(big.values["logit"]["pass_at_k"], torch.ones(4, 5, dtype=torch.float64))
     with pytest.raises(LoopLMError, match="fitted at T=3, not at loops=2"):
-        L.fidelity(model, {"logit": logit}, [(x, y)], loops=2)
+        R.fidelity(model, {"logit": logit}, [(x, y)], loops=2)
 
 
 def test_lens_band_reads_paired_intervals():
@@ -270,14 +271,14 @@ def test_lens_band_reads_paired_intervals():
         "jacobian": {"kl": better + noise(), "top1": base, "pass_at_k": base},
         "logit": {"kl": base + noise(), "top1": base, "pass_at_k": base},
     }
-    summary = L.Fidelity(3, 5, ["jacobian", "logit"], vals).summary(n_boot=500)
-    band = L.lens_band(summary)
+    summary = R.Fidelity(3, 5, ["jacobian", "logit"], vals).summary(n_boot=500)
+    band = R.lens_band(summary)
     assert band["steps"] == [1, 2] and band["range"] == [1 / 3, 2 / 3]
-    assert L.lens_band(summary, "logit", "jacobian")["steps"] == []
+    assert R.lens_band(summary, "logit", "jacobian")["steps"] == []
 
 
 # --------------------------------------------------------------------------- structure
-from looplm.diagnostics import lens_structure as S  # noqa: E402
+from looplm.lens import structure as S  # noqa: E402
 
 
 def test_rank_measures_pinned_by_hand():
@@ -341,7 +342,7 @@ def test_step_jacobians_and_composition_gap():
 
 
 # --------------------------------------------------------------------------- interventions
-from looplm.diagnostics import lens_interventions as I  # noqa: E402
+from looplm.lens import interventions as I  # noqa: E402
 
 
 def test_coordinate_swap_and_project_out_geometry():
@@ -429,8 +430,8 @@ def test_dose_response_zero_dose_and_bad_band():
 
 # --------------------------------------------------------------------------- the command
 def _checkpoint(path, recurrence: str, seed: int = 0, **extra) -> str:
-    from looplm.checkpoint import save_checkpoint
-    from looplm.config import load_config
+    from looplm.model.checkpoint import save_checkpoint
+    from looplm.settings.config import load_config
 
     kw = dict(dropout=0.0, d_model=16, n_heads=2, d_ff=32, **extra)
     cfg = load_config(
@@ -517,12 +518,12 @@ def test_token_ranks_per_step():
     hidden, final = L.loop_states(model, ids, 3)
     pos = torch.tensor([5, 2, 4])
     top = final[torch.arange(3), pos].argmax(-1)
-    ranks = L.token_ranks(model, {"logit": logit}, ids, 3, pos, top)["logit"]
+    ranks = R.token_ranks(model, {"logit": logit}, ids, 3, pos, top)["logit"]
     assert ranks.shape == (4, 3) and torch.equal(ranks[3], torch.zeros(3, dtype=torch.long))
     order = model.readout(hidden[1][1, 2]).argsort(descending=True)
     assert int(ranks[1, 1]) == int((order == top[1]).nonzero())
     with pytest.raises(LoopLMError, match="positions must lie in 0 … 5"):
-        L.token_ranks(model, {"logit": logit}, ids, 3, torch.tensor([6, 0, 0]), top)
+        R.token_ranks(model, {"logit": logit}, ids, 3, torch.tensor([6, 0, 0]), top)
 
 
 def test_lens_cli_on_an_unshared_model_fits_one_lens_per_layer(tmp_path, capsys):

@@ -12,19 +12,19 @@ import yaml
 
 import looplm
 from looplm.data.twohop import ENTITY_CHARS, knowledge_base
-from looplm.diagnostics.lens import fit_jacobian_lens, logit_lens
 from looplm.errors import LoopLMError
 from looplm.evaluate.twohop import prompts, twohop_accuracy
-from looplm.experiments import run_experiment
+from looplm.experiments.paper import verdicts as V
+from looplm.experiments.runner import run_experiment
+from looplm.lens.jacobian import fit_jacobian_lens, logit_lens
 from looplm.lens.kind import Lens
+from looplm.lens.section import _runs, findings_table, lens_findings
 from looplm.lens.twohop import (
     fit_prompts,
     readout_measures,
     swap_pairs,
     swap_test,
 )
-from looplm.paper import verdicts as V
-from looplm.results.lens import _runs, findings_table, lens_findings
 from looplm.results.store import ResultsStore
 
 ARGS = {"n_entities": 8, "n_relations": 2, "holdout": 0.25, "kb_seed": 1}

@@ -241,7 +241,7 @@ def test_a_second_training_into_a_busy_folder_fails_at_once(tmp_path, capsys):
         first.communicate(timeout=60)
     assert first.returncode == 128 + signal.SIGTERM
     # the first run's checkpoint is its own, and a resume may take the folder over at once
-    from looplm.checkpoint import read_meta
+    from looplm.model.checkpoint import read_meta
 
     step = read_meta(out / "ckpt")["state"]["step"]
     assert step >= 2
@@ -253,7 +253,7 @@ def test_a_second_training_into_a_busy_folder_fails_at_once(tmp_path, capsys):
 _DEMO = textwrap.dedent(
     """
     import sys
-    import looplm.demo as demo
+    import looplm.experiments.demo as demo
     from looplm.cli import main
 
     real = demo.load_config
@@ -497,8 +497,8 @@ def test_a_token_cache_with_flipped_bytes_is_not_trained_on(tmp_path, caplog):
 
 def test_ctrl_c_stops_the_whole_demo(tmp_path, monkeypatch, capsys):
     """The same in-process: a real SIGINT, sent at the second training's third step."""
-    import looplm.demo as demo
-    import looplm.train as train
+    import looplm.experiments.demo as demo
+    import looplm.training.loop as train
 
     monkeypatch.setattr(demo, "DEPTHS", [1, 2])
     monkeypatch.setattr(demo, "BUDGETS", {"default": (2, 16), "quick": (2, 16)})

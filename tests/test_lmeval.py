@@ -8,7 +8,7 @@ import torch
 
 import looplm
 from looplm.data import get_tokenizer
-from looplm.lmeval import generate_until, loglikelihood, loglikelihood_rolling
+from looplm.decoding.lmeval import generate_until, loglikelihood, loglikelihood_rolling
 
 
 def _model():

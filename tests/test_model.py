@@ -191,8 +191,8 @@ def test_bad_inputs_raise_clear_errors() -> None:
 
 
 def test_scalar_gains_and_norms_are_not_decayed() -> None:
-    from looplm.config import load_config
-    from looplm.train import make_optimizer
+    from looplm.settings.config import load_config
+    from looplm.training.loop import make_optimizer
 
     model = _tiny("tuned_adapter")
     opt = make_optimizer(model, load_config(None, []), torch.device("cpu"))

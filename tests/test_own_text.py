@@ -13,8 +13,8 @@ from conftest import require_data
 from test_faults import train_cli, write_text
 
 from looplm.cli import main
-from looplm.config import load_config
 from looplm.data.tokenizers import get_tokenizer, token_byte_lengths
+from looplm.settings.config import load_config
 
 
 @pytest.mark.parametrize("name", ["bytes", "gpt2"])

@@ -16,10 +16,10 @@ import pytest
 import torch
 import yaml
 
-from looplm import paper
 from looplm.errors import LoopLMError
-from looplm.experiments import load_experiment, run_experiment
-from looplm.paper.report import one_per_checkpoint
+from looplm.experiments import paper
+from looplm.experiments.paper.report import one_per_checkpoint
+from looplm.experiments.runner import load_experiment, run_experiment
 from looplm.results.store import ResultsStore
 from tests.conftest import REPO
 from tests.test_experiments import make_experiment
@@ -413,7 +413,7 @@ def test_grid_status_goes_from_not_run_to_done(tmp_path) -> None:
 
 # --------------------------------------------------------------------------- killed grid
 def test_killed_grid_resumes_without_retraining_finished_cells(tmp_path) -> None:
-    from looplm.checkpoint import checkpoint_exists, read_meta
+    from looplm.model.checkpoint import checkpoint_exists, read_meta
 
     grid = _tiny_grid(tmp_path)
     raw = yaml.safe_load(grid.read_text())
@@ -459,7 +459,7 @@ def test_killed_grid_resumes_without_retraining_finished_cells(tmp_path) -> None
 
 
 def test_cpu_rate_comes_from_logged_steps_of_one_process(tmp_path) -> None:
-    from looplm.config import load_config
+    from looplm.settings.config import load_config
 
     cfg = load_config("tiny_bool", ["train.device=cpu", "train.steps=40"])
     run = tmp_path / "root" / "m" / "seed0"
@@ -484,7 +484,7 @@ def test_kl_halting_depth_at_depth8_quality_reads_every_threshold_of_a_seed() ->
     threshold's row of that seed is considered (one row a seed was a bug)."""
     from types import SimpleNamespace as R
 
-    from looplm.paper.report import _adaptive_metric
+    from looplm.experiments.paper.report import _adaptive_metric
 
     rows = {
         0: [R(adaptive_mode="kl:thr=0.1", ppl=101.0, extra={"mean_depth": 2.0}),

@@ -1,13 +1,13 @@
-"""Verdicts computed from stored rows (looplm.paper.verdicts): each word's criterion, the
+"""Verdicts computed from stored rows (looplm.experiments.paper.verdicts): each word's criterion, the
 combination of parts, the claim schema's one-line errors, and every entry's claims load."""
 
 from __future__ import annotations
 
 import pytest
 
-from looplm import paper
 from looplm.errors import LoopLMError
-from looplm.paper import verdicts as V
+from looplm.experiments import paper
+from looplm.experiments.paper import verdicts as V
 
 
 class Measured:
@@ -114,7 +114,7 @@ def test_bad_claims_are_one_line_errors(claim, message) -> None:
 
 
 def test_every_word_has_a_criterion_and_the_tier_names_match_the_catalogue() -> None:
-    from looplm.paper.metrics import TIER_NAMES
+    from looplm.experiments.paper.metrics import TIER_NAMES
 
     assert set(V.VERDICTS) == set(V._ORDER)
     assert all(len(c) > 30 for c in V.VERDICTS.values())

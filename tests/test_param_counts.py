@@ -15,10 +15,10 @@ import argparse
 import pytest
 
 import looplm
-from looplm.accounting import parameter_count
-from looplm.config import PRESETS, UNSHARED
+from looplm.model.accounting import parameter_count
 from looplm.model.recurrences import get_recurrence_class
 from looplm.model.recurrences.base import build_config
+from looplm.settings.config import PRESETS, UNSHARED
 
 V, C = 50257, 128  # GPT-2 vocabulary, context
 

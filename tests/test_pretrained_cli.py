@@ -21,7 +21,7 @@ from looplm.data import get_tokenizer
 from looplm.diagnostics.runner import DiagnoseSettings, diagnose_model
 from looplm.lens.jacobian import fit_jacobian_lens
 from looplm.lens.layers import fit_layer_lens, layer_counts, virtual_layers
-from looplm.model.halting import KLHalt
+from looplm.model.halting_rules import KLHalt
 
 TRAINED = {"parcae": 8, "huginn": 32, "ouro": 4}
 
@@ -95,7 +95,7 @@ def test_pretrained_cached_kl_halting_is_the_per_token_evaluation(family, thr):
     prefill halting, the prompt's and every generated token's depths and the tokens are those of
     the uncached per-token evaluation of the whole sequence; batched decoding halts as one by
     one; threshold 0 is fixed-depth generation."""
-    from looplm.generate import decode, generate
+    from looplm.decoding.decoder import decode, generate
 
     model = load(family).double().eval()
     prompt = _ids(0, (2, 6))
@@ -256,10 +256,10 @@ def test_pretrained_lm_eval_log_likelihoods_are_looplm_nll(imported, family, tmp
     """lm-evaluation-harness on an imported model (offline LAMBADA-format task on a small file):
     its log-likelihoods are looplm's completion NLL at the same depth."""
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install '.[test]')")
-    from looplm.checkpoint import load_checkpoint
     from looplm.data.corpora import lambada_examples
+    from looplm.decoding.lmeval import LAMBADA_TASK, evaluate_lambada_local
     from looplm.evaluate.completion import lambada_items, lambada_sweep
-    from looplm.lmeval import LAMBADA_TASK, evaluate_lambada_local
+    from looplm.model.checkpoint import load_checkpoint
 
     _, ckpt = imported
     texts = ["the quick brown fox jumps over the lazy dog", "loops read text while a dog jumps"]
@@ -361,9 +361,9 @@ def test_pretrained_serve_halts_by_ouros_gate_and_by_kl_through_the_coda(importe
     import urllib.error
     import urllib.request
 
-    from looplm.generate import decode
-    from looplm.serve.app import Server, load_state
-    from looplm.serve.settings import ServeSettings
+    from looplm.decoding.decoder import decode
+    from looplm.decoding.serve.app import Server, load_state
+    from looplm.decoding.serve.settings import ServeSettings
 
     _, ckpt = imported
 
@@ -417,8 +417,8 @@ def test_pretrained_batched_kl_halting_through_the_coda_is_decoding_alone(schedu
     """Continuous batching with KL halting on a model with coda layers (rows of their own
     lengths, joining and leaving): every request's tokens and depths are those of decoding it
     alone."""
-    from looplm.batching import Request, generate_many
-    from looplm.generate import decode
+    from looplm.decoding.batching import Request, generate_many
+    from looplm.decoding.decoder import decode
 
     model = load("huginn").eval()
     prompts = [_ids(s, (1, n))[0].tolist() for s, n in ((1, 5), (2, 9), (3, 3), (4, 7), (5, 4))]

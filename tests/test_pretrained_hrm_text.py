@@ -20,8 +20,8 @@ from pretrained_common import (
 )
 
 import looplm
+from looplm.decoding.decoder import KVCache, decode, next_logits
 from looplm.errors import LoopLMError
-from looplm.generate import KVCache, decode, next_logits
 from looplm.model.families import published_model_config
 
 transformers = pytest.importorskip("transformers", reason="the reference ships with transformers")
@@ -169,7 +169,7 @@ def test_pretrained_hrm_text_halted_tokens_write_keys_values_only(model):
 def test_pretrained_hrm_text_imports_as_a_looplm_checkpoint(ref, folder, tmp_path):
     """``import_pretrained`` writes a checkpoint every command reads: rebuilt from its own config
     (block options, recurrence settings, frozen z₀), it gives the reference's logits."""
-    from looplm.checkpoint import load_checkpoint
+    from looplm.model.checkpoint import load_checkpoint
     from looplm.model.families import import_pretrained
 
     loaded, cfg, _ = load_checkpoint(import_pretrained(folder, tmp_path / "ck"))

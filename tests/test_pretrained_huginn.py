@@ -17,7 +17,7 @@ from pretrained_common import (
     reference,
 )
 
-from looplm.generate import decode
+from looplm.decoding.decoder import decode
 
 REF = reference("huginn")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looplm.generate import next_logits
+from looplm.decoding.decoder import next_logits
 from looplm.model.block import KVCache
 from tests.pretrained_common import load
 

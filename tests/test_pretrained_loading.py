@@ -16,9 +16,9 @@ from pretrained_common import fixture, load, logits_at
 from safetensors.torch import load_file, save_file
 
 import looplm
-from looplm.checkpoint import load_checkpoint
 from looplm.cli import main
 from looplm.errors import LoopLMError
+from looplm.model.checkpoint import load_checkpoint
 
 
 def _copy(family: str, tmp_path: Path) -> Path:
@@ -166,7 +166,7 @@ def test_pretrained_loading_peak_memory_is_near_one_copy_of_the_weights(tmp_path
 def test_pretrained_grouped_query_attention_equals_repeated_heads():
     """n_kv_heads = 2 of 4 heads ≡ the same model with every key/value head repeated, in the
     plain, cached and active-row paths (the KV cache stores the 2 heads)."""
-    from looplm.generate import decode
+    from looplm.decoding.decoder import decode
     from looplm.model import build_model
 
     torch.manual_seed(0)

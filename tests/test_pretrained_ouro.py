@@ -20,8 +20,9 @@ from pretrained_common import (
     reference,
 )
 
-from looplm.generate import decode
-from looplm.model.halting import GateHalt, TokenHalting
+from looplm.decoding.decoder import decode
+from looplm.model.halting import TokenHalting
+from looplm.model.halting_rules import GateHalt
 
 REF = reference("ouro")
 

@@ -19,7 +19,7 @@ from pretrained_common import (
     reference,
 )
 
-from looplm.generate import decode
+from looplm.decoding.decoder import decode
 
 REF = reference("parcae")
 

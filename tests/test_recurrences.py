@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import looplm
-from looplm.checkpoint import load_checkpoint, save_checkpoint
-from looplm.config import UNSHARED, RunConfig
 from looplm.errors import LoopLMError
 from looplm.model import build_model
+from looplm.model.checkpoint import load_checkpoint, save_checkpoint
+from looplm.settings.config import UNSHARED, RunConfig
 
 NAMES = looplm.recurrence_names()
 VOCAB = 257  # tiny preset (bytes)
@@ -205,7 +205,7 @@ def test_anchor_ablations_keep_the_anchor_a_fixed_point(anchor):
 
 def test_frozen_random_anchor_is_not_trained():
     """The frozen projection is left out of the trainer's optimizer and never changes."""
-    train = pytest.importorskip("looplm.train", reason="trainer module not present")
+    train = pytest.importorskip("looplm.training.loop", reason="trainer module not present")
     model = _tiny("scse", anchor="frozen_random")
     frozen = model.recurrence.anchors.anchor_proj.weight
     assert not frozen.requires_grad
@@ -243,7 +243,7 @@ def test_frozen_random_anchor_is_not_trained():
     ],
 )
 def test_gains_are_exempt_from_weight_decay(name, gains):
-    train = pytest.importorskip("looplm.train", reason="trainer module not present")
+    train = pytest.importorskip("looplm.training.loop", reason="trainer module not present")
     model = _tiny(name)
     declared = {id(p) for p in model.recurrence.no_decay_parameters()}
     assert declared == {id(getattr(model.recurrence, g)) for g in gains}

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from looplm import build_model
-from looplm.checkpoint import save_checkpoint
 from looplm.cli import main
-from looplm.config import load_config
+from looplm.model.checkpoint import save_checkpoint
 from looplm.results.report import write_report
 from looplm.results.store import EvalRecord, ResultsStore
+from looplm.settings.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

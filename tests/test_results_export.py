@@ -12,9 +12,9 @@ import sys
 import pytest
 import yaml
 
-from looplm import paper
 from looplm.errors import LoopLMError
-from looplm.experiments import load_experiment, run_experiment
+from looplm.experiments import paper
+from looplm.experiments.runner import load_experiment, run_experiment
 from looplm.results import export as X
 from looplm.results.export import load_records
 from looplm.results.store import EvalRecord, ResultsStore

@@ -3,7 +3,7 @@ local-completions model, raw HTTP for faults, a 32-client load test and SIGTERM 
 
 The model is the tiny configuration with random weights (context 64, bytes tokenizer), nudged off
 its initialisation so that KL halting stops tokens at mixed depths. Every response is checked
-against generating the same prompt alone (looplm.generate.decode, what `looplm generate` runs)."""
+against generating the same prompt alone (looplm.decoding.decoder.decode, what `looplm generate` runs)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 requests = pytest.importorskip("requests")
 
-from looplm.config import load_config  # noqa: E402
 from looplm.data import get_tokenizer  # noqa: E402
-from looplm.generate import decode  # noqa: E402
+from looplm.decoding.decoder import decode  # noqa: E402
+from looplm.decoding.serve.app import Server, load_state  # noqa: E402
+from looplm.decoding.serve.settings import ServeSettings  # noqa: E402
 from looplm.model import model_from_config  # noqa: E402
-from looplm.serve.app import Server, load_state  # noqa: E402
-from looplm.serve.settings import ServeSettings  # noqa: E402
+from looplm.settings.config import load_config  # noqa: E402
 
 T = 4  # the server's default loop depth in these tests
 KL = 0.02  # a KL threshold at which this model's tokens halt at mixed depths (asserted)
@@ -187,7 +187,7 @@ def test_chat_needs_a_template_and_the_plain_one_is_documented(tiny, server) -> 
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4)
-    from looplm.serve.calls import plain_chat_prompt
+    from looplm.decoding.serve.calls import plain_chat_prompt
 
     state.settings.chat_template = "plain"  # read per request
     try:
@@ -509,7 +509,7 @@ def test_32_concurrent_clients_each_get_their_own_answer(tiny) -> None:
 
 # ============================================================================ SIGTERM
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(tiny, tmp_path: Path) -> None:
-    from looplm.checkpoint import save_checkpoint
+    from looplm.model.checkpoint import save_checkpoint
 
     model, cfg, tok = tiny
     ck = save_checkpoint(tmp_path / "ck", model, cfg)

@@ -15,7 +15,7 @@ import yaml
 
 import looplm
 from looplm.errors import LoopLMError
-from looplm.experiments import load_experiment
+from looplm.experiments.runner import load_experiment
 from looplm.settings import build_settings, parse_key_values, settings_table
 
 REPO = Path(__file__).resolve().parents[1]

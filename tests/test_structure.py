@@ -106,7 +106,7 @@ def test_adjacency_attention_moves_information_one_hop_per_loop_step(name: str) 
 
 
 def test_adjacency_attention_refuses_a_kv_cache() -> None:
-    from looplm.generate import generate
+    from looplm.decoding.decoder import generate
 
     model = looplm.build_model("tiny", "looped", attention="adjacency").eval()
     ids = torch.tensor([list(b"ab|Ab")])
@@ -167,7 +167,7 @@ def test_a_shifted_window_gets_the_same_attention_scores_with_rope_only(
 
 
 def test_adjacency_attention_needs_a_node_task() -> None:
-    from looplm.config import load_config
+    from looplm.settings.config import load_config
 
     with pytest.raises(
         LoopLMError, match="model.attention=adjacency .* not data.dataset='bool_logic'"
@@ -180,7 +180,7 @@ def test_adjacency_attention_needs_a_node_task() -> None:
 def test_rope_kv_cache_continues_positions() -> None:
     """With rotary positions and no learned positions, a sequence scored after a cached prefix of
     its own tokens gives the same new-token logits as the plain forward (positions continue)."""
-    from looplm.generate import next_logits
+    from looplm.decoding.decoder import next_logits
     from looplm.model.block import KVCache
 
     torch.manual_seed(0)
@@ -217,7 +217,7 @@ def test_prelude_core_coda_parameter_counts(p: int, k: int, c: int) -> None:
     d, ff, V, L = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.context
     per = _block_params(d, ff)
     assert model.num_parameters() == V * d + L * d + d + (p + k + c) * per
-    from looplm.accounting import parameter_count
+    from looplm.model.accounting import parameter_count
 
     counts = parameter_count("tiny", "looped", prelude_layers=p, core_layers=k, coda_layers=c)
     assert counts["n_rec"] == k * per
@@ -267,7 +267,7 @@ def test_prelude_and_coda_wrap_the_loop() -> None:
 
 
 def test_prelude_core_coda_flops_count_every_layer() -> None:
-    from looplm.accounting import flops
+    from looplm.model.accounting import flops
 
     base = flops("22m", "scse", 8)
     f = flops("22m", "scse", 8, prelude_layers=2, core_layers=3, coda_layers=1)
@@ -286,7 +286,7 @@ def test_bad_layouts_are_clear_errors() -> None:
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 def test_kv_cache_serves_prelude_core_and_coda(positions: str) -> None:
-    from looplm.generate import generate, next_logits
+    from looplm.decoding.decoder import generate, next_logits
     from looplm.model.block import KVCache
 
     torch.manual_seed(0)
@@ -307,8 +307,9 @@ def test_kv_cache_serves_prelude_core_and_coda(positions: str) -> None:
 
 
 def test_adaptive_depth_reads_through_the_coda_and_follows_the_mask() -> None:
-    from looplm.evaluate.adaptive import maxtoken_forward
-    from looplm.evaluate.halting import KLHalt, per_token_halting
+    from looplm.adaptive.depth import maxtoken_forward
+    from looplm.adaptive.halting import per_token_halting
+    from looplm.model.halting_rules import KLHalt
 
     torch.manual_seed(0)
     coda = looplm.build_model("tiny", "scse", coda_layers=1, dropout=0.0).double().eval()

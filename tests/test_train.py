@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from looplm.checkpoint import load_checkpoint, save_checkpoint
 from looplm.cli import main
-from looplm.config import load_config
 from looplm.errors import LoopLMError
-from looplm.train import fit, get_lr, sample_depth
+from looplm.model.checkpoint import load_checkpoint, save_checkpoint
+from looplm.settings.config import load_config
+from looplm.training.loop import fit, get_lr, sample_depth
 
 _CFG_OVERRIDES = [
     "train.steps=6",
@@ -114,10 +114,10 @@ def test_kill_between_the_checkpoint_renames_loses_nothing(tmp_path: Path) -> No
     out = tmp_path / "run"
     script = f"""
 import os, signal
-from looplm.checkpoint import save_checkpoint
-from looplm.config import load_config
+from looplm.model.checkpoint import save_checkpoint
+from looplm.settings.config import load_config
 from looplm.model import model_from_config
-from looplm.train import make_optimizer
+from looplm.training.loop import make_optimizer
 cfg = load_config("tiny_bool", {_overrides(out)!r})
 model = model_from_config(cfg.model)
 opt = make_optimizer(model, cfg, model.tok_emb.weight.device)
@@ -133,7 +133,7 @@ save_checkpoint({str(out / "ckpt")!r}, model, cfg, optimizer=opt, state={{"step"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not (out / "ckpt").exists() and (out / ".ckpt.tmp" / "state.json").exists()
-    from looplm.train import setup
+    from looplm.training.loop import setup
 
     ts = setup(_cfg(out), resume=True)
     assert ts.step == 2  # the newer of the two checkpoints
@@ -215,7 +215,7 @@ def test_cli_train_and_eval_roundtrip(tmp_path: Path, capsys) -> None:
 
 
 def test_unshared_trains_all_layers_every_step(tmp_path: Path) -> None:
-    from looplm.train import setup, train_step
+    from looplm.training.loop import setup, train_step
 
     cfg = _cfg(tmp_path, "model.recurrence=unshared", "model.n_layers=4")
     ts = setup(cfg)

@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from looplm.checkpoint import load_checkpoint
-from looplm.config import load_config
 from looplm.errors import LoopLMError
 from looplm.model import build_model
-from looplm.train import fit, setup, train_flops, train_step
+from looplm.model.checkpoint import load_checkpoint
+from looplm.settings.config import load_config
+from looplm.training.loop import fit, setup, train_flops, train_step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -336,7 +336,7 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- accounting
 def test_train_flops_is_three_times_the_paper_proxy() -> None:
     from looplm import flops
-    from looplm.config import model_config
+    from looplm.settings.config import model_config
 
     for preset, rec, T in (("22m", "scse", 8), ("95.6m", "scse", 8), ("22m", "scse", 48)):
         want = flops(preset, rec, T, 128)["body_head"]

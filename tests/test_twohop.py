@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looplm.config import DataConfig, ModelConfig
 from looplm.data.sources import TaskSource
 from looplm.data.synthetic import PAD_ID, make_batch
 from looplm.data.twohop import knowledge_base
 from looplm.errors import LoopLMError
+from looplm.settings.config import DataConfig, ModelConfig
 
 ARGS = {"n_entities": 12, "n_relations": 3, "holdout": 0.25, "kb_seed": 7}
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import looplm
 from looplm.errors import LoopLMError
 from looplm.model.block import KVCache
-from looplm.model.halting import ExampleHalting, KLHalt, TokenHalting
+from looplm.model.halting import ExampleHalting, TokenHalting
+from looplm.model.halting_rules import KLHalt
 from looplm.targets import IGNORE_INDEX
 
 SMALL = dict(d_model=32, n_heads=2, d_ff=64, context=16, dropout=0.0)

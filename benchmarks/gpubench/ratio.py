@@ -13,7 +13,7 @@ from gpubench.common import SMOKE_DIMS, SMOKE_VOCAB, Budget, free, time_steps
 def run(args, out: dict[str, Any], budget: Budget) -> None:
     from throughput import make_state
 
-    from looplm.train import train_step
+    from looplm.training.loop import train_step
 
     smoke = args.smoke
     ts = out.pop("_state_22m", None)

@@ -55,7 +55,7 @@ def _eval_peaks(ts, x, y, compiled: bool) -> dict[int, float | None]:
 def _measure_looplm(args, preset: str, dev, warm: int, n: int) -> dict[str, Any]:
     from throughput import make_state
 
-    from looplm.train import train_step
+    from looplm.training.loop import train_step
 
     smoke = args.smoke
     batch = 2 if smoke else args.batch
@@ -113,7 +113,7 @@ def _measure_reference(args, cfg, x, y, dev, warm: int, n: int) -> dict[str, Any
 def run(args, out: dict[str, Any], budget: Budget) -> None:
     import torch
 
-    from looplm.accounting import model_flops
+    from looplm.model.accounting import model_flops
 
     rate_tflops = matmul.rate(args, out)
     dev = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")

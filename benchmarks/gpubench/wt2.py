@@ -29,9 +29,9 @@ def _test_ppl(spec: dict[str, Any], cfg, out_dir: Path) -> tuple[int, list[dict[
     """(steps trained, depth-sweep rows on the test split) of the run's checkpoint."""
     import torch
 
-    from looplm.checkpoint import load_checkpoint
     from looplm.data.sources import make_source
     from looplm.evaluate.sweep import depth_sweep
+    from looplm.model.checkpoint import load_checkpoint
 
     model, _, meta = load_checkpoint(out_dir / "ckpt", map_location=spec["device"])
     cfg.data.eval_split = "test"
@@ -60,8 +60,8 @@ def wt2_job(spec: dict[str, Any]) -> dict[str, Any]:
         os.environ[k] = v
     import shutil
 
-    from looplm.config import load_config
-    from looplm.train import fit
+    from looplm.settings.config import load_config
+    from looplm.training.loop import fit
 
     t0 = time.time()
     out_dir = Path(spec["tmp"]) / f"wt2-{spec['method']}-s{spec['seed']}"

@@ -16,7 +16,7 @@ import argparse
 import json
 
 from looplm.adaptive.settings import AdaptiveInputs, AdaptiveSettings
-from looplm.options import add_options, from_args
+from looplm.settings.options import add_options, from_args
 
 SETTINGS = (AdaptiveSettings, AdaptiveInputs)
 
@@ -57,7 +57,7 @@ def format_table(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from looplm.adaptive.depth import evaluate_adaptive_checkpoint, store_adaptive
     from looplm.io import atomic_write_json
-    from looplm.limits import check_output_file
+    from looplm.settings.limits import check_output_file
 
     settings, inputs = from_args(AdaptiveSettings, args), from_args(AdaptiveInputs, args)
     check_output_file("--out", inputs.out)  # before the evaluation, not after it

@@ -38,7 +38,7 @@ possibly the last one, so this equals the per-example mean up to that window).
 
 4. ``gate`` — the model's own exit rule, for a model with a learned exit gate (Ouro): a token halts
    (frozen as in rule 2) when the gate's cumulative exit probability reaches the threshold
-   (:class:`looplm.model.halting.GateHalt`). Asked of a model without a gate it fails in one line.
+   (:class:`looplm.model.halting_rules.GateHalt`). Asked of a model without a gate it fails in one line.
 
 Every rule reads out what the model's readout reads: intermediate states pass through the
 recurrence's exit map and any coda layers (``model.finish``, run over the whole sequence at each
@@ -55,7 +55,7 @@ Eq. 20/21 at the achieved mean depth (``looplm.flops``), i.e. an idealised count
 figure is measured.
 
 Rules 2 and 3 live in :mod:`looplm.adaptive.halting`, the helpers all rules share in
-:mod:`looplm.evaluate.common`, the halting mechanics of the unroll (frozen tokens, dropped
+:mod:`looplm.adaptive.measure`, the halting mechanics of the unroll (frozen tokens, dropped
 examples, the update statistics) in :mod:`looplm.model.halting`; this module re-exports them. Public API: :func:`max_token_updates`, :func:`update_trace`, :func:`stopping_depths`,
 :func:`calibrate_threshold`, :func:`maxtoken_forward`, :func:`evaluate_maxtoken`,
 :func:`per_token_halting`, :class:`KLHalt`, :class:`RouterHalt`,
@@ -75,13 +75,21 @@ import numpy as np
 import torch
 
 from looplm.adaptive.halting import (
-    KLHalt,
     LinearRouter,
-    RouterHalt,
     evaluate_per_token,
     fit_router,
     harvest_router_data,
     per_token_halting,
+)
+from looplm.adaptive.measure import (
+    Batch,
+    check_ceiling,
+    flops_fields,
+    nll_rows,
+    nll_totals,
+    require_looped,
+    timed_batches,
+    timed_min,
 )
 from looplm.adaptive.settings import (
     DEFAULT_BUDGETS,
@@ -94,18 +102,9 @@ from looplm.adaptive.settings import (
     AdaptiveSettings,
 )
 from looplm.errors import LoopLMError
-from looplm.evaluate.common import (
-    Batch,
-    check_ceiling,
-    evaluation_batches,
-    flops_fields,
-    nll_rows,
-    nll_totals,
-    require_looped,
-    timed_batches,
-    timed_min,
-)
-from looplm.model.halting import ExampleHalting, GateHalt, max_token_updates, relative_update
+from looplm.evaluate.batches import evaluation_batches
+from looplm.model.halting import ExampleHalting, max_token_updates, relative_update
+from looplm.model.halting_rules import GateHalt, KLHalt, MaxTokenHalt, RouterHalt
 from looplm.targets import IGNORE_INDEX
 
 
@@ -231,10 +230,7 @@ def maxtoken_forward(
     require_looped(model)
     check_ceiling(ceiling)
 
-    def decide(t, h, h_prev, rows):
-        return max_token_updates(h, h_prev, valid[rows]) < threshold  # (A,)
-
-    halting = ExampleHalting(decide)
+    halting = ExampleHalting(MaxTokenHalt(threshold, valid))
     ctx = model.prepare(x)
     for _ in model.unroll(ctx, ceiling, halting=halting):
         pass
@@ -508,8 +504,8 @@ def evaluate_adaptive_checkpoint(
 ) -> dict[str, Any]:
     """:func:`evaluate_adaptive` on a checkpoint folder; the result also carries ``checkpoint``
     and the run's ``config`` (a RunConfig, for the store records)."""
-    from looplm.checkpoint import load_checkpoint
     from looplm.device import resolve_device
+    from looplm.model.checkpoint import load_checkpoint
 
     dev = resolve_device(device)
     model, cfg, _ = load_checkpoint(path, map_location=dev)
@@ -552,9 +548,7 @@ __all__ = [
     "DEFAULT_ROUTER_PROBS",
     "RULES",
     "Calibration",
-    "KLHalt",
     "LinearRouter",
-    "RouterHalt",
     "UpdateTrace",
     "adaptive_modes",
     "calibrate_threshold",

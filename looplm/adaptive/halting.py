@@ -21,9 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from looplm.adaptive.settings import DEFAULT_CEILING, DEFAULT_LABEL_THRESHOLD
-from looplm.errors import LoopLMError
-from looplm.evaluate.common import (
+from looplm.adaptive.measure import (
     Batch,
     check_ceiling,
     flops_fields,
@@ -33,7 +31,9 @@ from looplm.evaluate.common import (
     timed_batches,
     timed_min,
 )
-from looplm.model.halting import KLHalt, PreviousReadout, TokenHalting
+from looplm.adaptive.settings import DEFAULT_CEILING, DEFAULT_LABEL_THRESHOLD
+from looplm.errors import LoopLMError
+from looplm.model.halting import PreviousReadout, TokenHalting
 from looplm.model.readout import readout_kl
 from looplm.targets import IGNORE_INDEX
 
@@ -72,24 +72,6 @@ class LinearRouter:
             float(d["label_threshold"]),
             dict(d.get("stats", {})),
         )
-
-
-class RouterHalt:
-    """Rule 3's decision: halt when the router's P(converged | h_t) ≥ ``prob``."""
-
-    needs_logits = False
-
-    def __init__(self, router: LinearRouter, prob: float = 0.5) -> None:
-        if not 0.0 < prob <= 1.0:
-            raise LoopLMError(f"router probability threshold {prob!r} must be in (0, 1]")
-        self.router, self.prob = router, float(prob)
-
-    @property
-    def mode(self) -> str:
-        return f"router:p={self.prob:g}"
-
-    def __call__(self, t, h, logp, logp_prev):
-        return self.router.prob(h) >= self.prob
 
 
 @torch.no_grad()
@@ -263,9 +245,7 @@ def fit_router(
 
 
 __all__ = [
-    "KLHalt",
     "LinearRouter",
-    "RouterHalt",
     "evaluate_per_token",
     "fit_router",
     "harvest_router_data",

@@ -1,5 +1,5 @@
 """The settings of adaptive depth, one dataclass read by ``looplm adaptive``, the ``adaptive``
-sweep kind and :func:`looplm.adaptive.depth.evaluate_adaptive` alike (:mod:`looplm.options`
+sweep kind and :func:`looplm.adaptive.depth.evaluate_adaptive` alike (:mod:`looplm.settings.options`
 makes the command line from it). Light on purpose (no torch)."""
 
 from __future__ import annotations
@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from looplm.device import DEVICES
+from looplm.model.halting_rules import halting_names
 from looplm.settings import setting
 
-RULES = ("maxtoken", "kl", "router", "gate")  # the stopping rules
+# the stopping rules (:mod:`looplm.model.halting_rules`): maxtoken, kl, gate, router
+RULES = halting_names(evaluation=True)
 DEFAULT_RULES = ("maxtoken", "kl", "router")  # gate: only models with a learned exit gate (Ouro)
 DEFAULT_CEILING = 48  # the loop ceiling C
 DEFAULT_BUDGETS = (8, 16, 24)  # maxtoken: calibrated mean depths

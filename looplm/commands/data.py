@@ -79,7 +79,7 @@ def _prepare(args: argparse.Namespace) -> int:
     if args.source and args.data_dir:
         raise LoopLMError("give either --source or --data-dir, not both")
     out = Path(args.out).expanduser() if args.out else default_cache_dir()
-    from looplm.limits import check_output_folder
+    from looplm.settings.limits import check_output_folder
 
     check_output_folder("--out", out)  # before tokenizing
     if args.split:
@@ -122,7 +122,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _which_models(tokenizer: str, out: Path, default: Path) -> str:
     """Which training runs read the caches just prepared: a run reads the caches of its own
     ``model.tokenizer`` from its ``data.cache_dir``."""
-    from looplm.config import PRESETS
+    from looplm.settings.config import PRESETS
 
     users = sorted(n for n, p in PRESETS.items() if p.get("tokenizer", "gpt2") == tokenizer)
     other = "gpt2" if tokenizer == "bytes" else "bytes"

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.demo import run_demo
+    from looplm.experiments.demo import run_demo
     from looplm.model import recurrence_names
 
     names = recurrence_names()

@@ -15,7 +15,7 @@ import json
 import sys
 
 from looplm.evaluate.settings import EvalSettings
-from looplm.options import add_options, from_args
+from looplm.settings.options import add_options, from_args
 
 SETTINGS = (EvalSettings,)
 
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from looplm.evaluate.checkpoint import evaluate_one, store_rows
     from looplm.io import atomic_write_json
-    from looplm.limits import check_output_file
+    from looplm.settings.limits import check_output_file
 
     settings = from_args(EvalSettings, args)  # depths under the loop ceiling (--max-loops)
     check_output_file("--out", settings.out)  # before the evaluation, not after it

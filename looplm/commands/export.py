@@ -1,12 +1,12 @@
 """`looplm export CHECKPOINT OUT`: write a Hugging Face ``transformers`` model folder (the options
-are :class:`~looplm.hf.settings.ExportSettings`)."""
+are :class:`~looplm.decoding.hf.settings.ExportSettings`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from looplm.hf.settings import ExportSettings
-from looplm.options import add_options, from_args
+from looplm.decoding.hf.settings import ExportSettings
+from looplm.settings.options import add_options, from_args
 
 SETTINGS = (ExportSettings,)
 
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.hf import export_checkpoint
+    from looplm.decoding.hf import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out, from_args(ExportSettings, args))
     print(f"exported {args.checkpoint} -> {out}")

@@ -2,17 +2,17 @@
 at a fixed loop depth or with per-token adaptive depth (``--halt kl|maxtoken --threshold X``).
 
 `looplm generate CHECKPOINT --prompts FILE`: many prompts (one per line, or JSONL with per-prompt
-settings) streamed through ``--slots`` batch slots (continuous batching, :mod:`looplm.batching`);
+settings) streamed through ``--slots`` batch slots (continuous batching, :mod:`looplm.decoding.batching`);
 one JSON line per prompt, in input order, on stdout or in ``--out``. The options are
-:class:`~looplm.generation.GenerateSettings`."""
+:class:`~looplm.decoding.generate.GenerateSettings`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from looplm.generation import GenerateSettings
-from looplm.options import add_options, from_args
+from looplm.decoding.generate import GenerateSettings
+from looplm.settings.options import add_options, from_args
 
 SETTINGS = (GenerateSettings,)
 
@@ -43,10 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.checkpoint import load_checkpoint
     from looplm.data import get_tokenizer
-    from looplm.generation import generate_file, generate_text
-    from looplm.limits import check_output_file
+    from looplm.decoding.generate import generate_file, generate_text
+    from looplm.model.checkpoint import load_checkpoint
+    from looplm.settings.limits import check_output_file
 
     settings = from_args(GenerateSettings, args)  # --loops under the loop ceiling (--max-loops)
     check_output_file("--out", settings.out)  # before any decoding

@@ -21,6 +21,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.lmeval import cli
+    from looplm.decoding.lmeval import cli
 
     return cli(args.args)

@@ -4,7 +4,7 @@
 reference, body calls per step (c_body of Eqs. 20–21), whether it claims a zero forcing bias, and
 its parameter count at the preset; then the unshared controls with their presets.
 ``looplm params --preset P --method M [key=value …]`` prints one model's parameter count, split by
-part, next to the paper's figure where the paper prints one (:mod:`looplm.catalog`).
+part, next to the paper's figure where the paper prints one (:mod:`looplm.model.catalog`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 
 def run_methods(args: argparse.Namespace) -> int:
     """Print the method table."""
-    from looplm.catalog import method_rows, method_table
+    from looplm.model.catalog import method_rows, method_table
 
     rows = method_rows(args.preset)
     print(
@@ -28,7 +28,7 @@ def run_methods(args: argparse.Namespace) -> int:
 
 def run_params(args: argparse.Namespace) -> int:
     """Print one model's parameter count."""
-    from looplm.catalog import params_lines, params_report
+    from looplm.model.catalog import params_lines, params_report
     from looplm.settings import parse_key_values
 
     settings = parse_key_values(args.settings, what="setting", example="lanes=2")

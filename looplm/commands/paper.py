@@ -5,7 +5,7 @@
     looplm paper run table02 --dry-run    # list the grid's runs
     looplm paper report [--full] [--out FILE] [--data DIR] [ENTRY …]   # paper values beside measured
 
-Each entry is ``configs/paper/<entry>.yaml`` (:mod:`looplm.paper`); ``--full`` is the paper's
+Each entry is ``configs/paper/<entry>.yaml`` (:mod:`looplm.experiments.paper`); ``--full`` is the paper's
 protocol, the default its CPU analogue; a table reusing a shared grid trains nothing new."""
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm import paper
+    from looplm.experiments import paper
 
     if args.action == "run":
-        from looplm.experiments import run_experiment
+        from looplm.experiments.runner import run_experiment
 
         entry = paper.find_entry(args.entry)
         entry.experiment(full=args.full, data_dir=args.data_dir)  # nothing to run: a clear error

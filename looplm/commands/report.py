@@ -10,8 +10,8 @@ import argparse
 from pathlib import Path
 
 from looplm.errors import LoopLMError
-from looplm.options import add_options, from_args
 from looplm.results.settings import DEFAULT_REFERENCE, ReportSettings
+from looplm.settings.options import add_options, from_args
 
 SETTINGS = (ReportSettings,)
 

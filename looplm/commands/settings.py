@@ -1,5 +1,5 @@
 """`looplm settings [--out docs/configuration.md]`: the reference of every setting, written from
-the settings dataclasses (:mod:`looplm.reference`)."""
+the settings dataclasses (:mod:`looplm.experiments.reference`)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.reference import configuration_markdown
+    from looplm.experiments.reference import configuration_markdown
+    from looplm.settings.plugins import command_settings
 
-    text = configuration_markdown()
+    text = configuration_markdown(command_settings())
     if args.out:
         from looplm.io import atomic_write_text
 

@@ -3,7 +3,7 @@
     looplm sweep configs/experiments/wt2_tiny.yaml --data-dir ../shared/data
 
 Resumable: finished runs (complete checkpoints) are not retrained, interrupted ones resume, and
-evaluations already in the results store are skipped. See :mod:`looplm.experiments` for the
+evaluations already in the results store are skipped. See :mod:`looplm.experiments.runner` for the
 config format.
 """
 
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.experiments import load_experiment, run_experiment, write_experiment_report
+    from looplm.experiments.runner import load_experiment, run_experiment, write_experiment_report
 
     if args.report_only:
         exp = load_experiment(args.config, args.data_dir, full=args.full)

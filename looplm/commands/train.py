@@ -29,10 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.config import load_config
     from looplm.errors import LoopLMError
-    from looplm.run_folder import check_out_dir
-    from looplm.train import fit
+    from looplm.settings.config import load_config
+    from looplm.training.loop import fit
+    from looplm.training.run_folder import check_out_dir
 
     if args.resume and args.overwrite:
         raise LoopLMError("--resume continues <out_dir>/ckpt and --overwrite replaces it; pick one")

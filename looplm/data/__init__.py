@@ -1,40 +1,35 @@
 """Real-data layer: tokenizers, corpora, token caches and batching (re-exported, loaded lazily)."""
 
-import importlib
-from typing import Any
+from looplm.settings.plugins import lazy_attributes
 
 # Loaded on first use, so that ``looplm --help`` (which names the corpora) does not load torch.
-_LAZY = {
-    "TokenCache": "looplm.data.cache",
-    "default_cache_dir": "looplm.data.cache",
-    "get_split_tokens": "looplm.data.cache",
-    "list_caches": "looplm.data.cache",
-    "prepare": "looplm.data.cache",
-    "shared_source": "looplm.data.cache",
-    "CORPORA": "looplm.data.corpora",
-    "SPLITS": "looplm.data.corpora",
-    "LambadaExample": "looplm.data.corpora",
-    "SplitCounts": "looplm.data.corpora",
-    "TargetSpan": "looplm.data.corpora",
-    "available_splits": "looplm.data.corpora",
-    "canonical_split": "looplm.data.corpora",
-    "lambada_examples": "looplm.data.corpora",
-    "load_documents": "looplm.data.corpora",
-    "locate_target": "looplm.data.corpora",
-    "locate_targets": "looplm.data.corpora",
-    "eval_windows": "looplm.data.sources",
-    "sample_windows": "looplm.data.sources",
-    "TOKENIZER_NAMES": "looplm.data.tokenizers",
-    "Tokenizer": "looplm.data.tokenizers",
-    "get_tokenizer": "looplm.data.tokenizers",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "TokenCache": "looplm.data.cache",
+        "default_cache_dir": "looplm.data.cache",
+        "get_split_tokens": "looplm.data.cache",
+        "list_caches": "looplm.data.cache",
+        "prepare": "looplm.data.cache",
+        "shared_source": "looplm.data.cache",
+        "CORPORA": "looplm.data.corpora",
+        "SPLITS": "looplm.data.corpora",
+        "LambadaExample": "looplm.data.corpora",
+        "SplitCounts": "looplm.data.corpora",
+        "TargetSpan": "looplm.data.corpora",
+        "available_splits": "looplm.data.corpora",
+        "canonical_split": "looplm.data.corpora",
+        "lambada_examples": "looplm.data.corpora",
+        "load_documents": "looplm.data.corpora",
+        "locate_target": "looplm.data.corpora",
+        "locate_targets": "looplm.data.corpora",
+        "eval_windows": "looplm.data.sources",
+        "sample_windows": "looplm.data.sources",
+        "TOKENIZER_NAMES": "looplm.data.tokenizers",
+        "Tokenizer": "looplm.data.tokenizers",
+        "get_tokenizer": "looplm.data.tokenizers",
+    },
+)
 
 __all__ = [
     "CORPORA",

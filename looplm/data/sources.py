@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from looplm.config import DataConfig, ModelConfig
 from looplm.data.synthetic import TASKS, make_batch, task_arg_keys
 from looplm.errors import LoopLMError
+from looplm.settings.config import DataConfig, ModelConfig
 from looplm.targets import IGNORE_INDEX
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation examples never coincide with training seeds

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from looplm.config import NODE_TASKS
 from looplm.errors import LoopLMError
+from looplm.settings.config import NODE_TASKS
 from looplm.targets import IGNORE_INDEX
 
 PAD_ID = 256  # the byte tokenizer's end-of-text id

@@ -19,40 +19,36 @@
   :mod:`~looplm.diagnostics.plots` — the figures.
 """
 
-import importlib
-from typing import Any
+from looplm.settings.plugins import lazy_attributes
 
 # Loaded on first use: ``looplm.diagnostics.settings`` (what the command line is built from)
 # imports without torch.
-_LAZY = {
-    "AnchorMap": "looplm.diagnostics.anchor",
-    "anchor_response": "looplm.diagnostics.anchor",
-    "energy_ratio": "looplm.diagnostics.anchor",
-    "mean_square": "looplm.diagnostics.anchor",
-    "TOKEN_TYPES": "looplm.diagnostics.convergence",
-    "convergence_depth": "looplm.diagnostics.convergence",
-    "depth_by_type": "looplm.diagnostics.convergence",
-    "relative_state_change": "looplm.diagnostics.convergence",
-    "successive_kl": "looplm.diagnostics.convergence",
-    "token_types": "looplm.diagnostics.convergence",
-    "bias_subtraction": "looplm.diagnostics.counterfactual",
-    "counterfactual_check": "looplm.diagnostics.counterfactual",
-    "gauss_legendre01": "looplm.diagnostics.counterfactual",
-    "secant_apply": "looplm.diagnostics.counterfactual",
-    "random_direction_gain": "looplm.diagnostics.gain",
-    "unit_directions": "looplm.diagnostics.gain",
-    "DiagnoseOptions": "looplm.diagnostics.runner",
-    "diagnose_model": "looplm.diagnostics.runner",
-    "anchor_start_rollout": "looplm.diagnostics.steering",
-    "anchor_start_steering": "looplm.diagnostics.steering",
-    "source_gain": "looplm.diagnostics.steering",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "AnchorMap": "looplm.diagnostics.anchor",
+        "anchor_response": "looplm.diagnostics.anchor",
+        "energy_ratio": "looplm.diagnostics.anchor",
+        "mean_square": "looplm.diagnostics.anchor",
+        "TOKEN_TYPES": "looplm.diagnostics.convergence",
+        "convergence_depth": "looplm.diagnostics.convergence",
+        "depth_by_type": "looplm.diagnostics.convergence",
+        "relative_state_change": "looplm.diagnostics.convergence",
+        "successive_kl": "looplm.diagnostics.convergence",
+        "token_types": "looplm.diagnostics.convergence",
+        "bias_subtraction": "looplm.diagnostics.counterfactual",
+        "counterfactual_check": "looplm.diagnostics.counterfactual",
+        "gauss_legendre01": "looplm.diagnostics.counterfactual",
+        "secant_apply": "looplm.diagnostics.counterfactual",
+        "random_direction_gain": "looplm.diagnostics.gain",
+        "unit_directions": "looplm.diagnostics.gain",
+        "DiagnoseOptions": "looplm.diagnostics.runner",
+        "diagnose_model": "looplm.diagnostics.runner",
+        "anchor_start_rollout": "looplm.diagnostics.steering",
+        "anchor_start_steering": "looplm.diagnostics.steering",
+        "source_gain": "looplm.diagnostics.steering",
+    },
+)
 
 
 __all__ = [

@@ -17,8 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from looplm.diagnostics.settings import DataSettings, DiagnoseSettings
+from looplm.diagnostics.settings import DiagnoseSettings
 from looplm.errors import LoopLMError
+from looplm.evaluate.settings import DataSettings
 
 
 def _labels(entries: list[tuple[str, str, str]]) -> list[str]:
@@ -50,8 +51,8 @@ def _fmt(v, spec: str = ".3g") -> str:
 def _entries(checkpoints: list[str]) -> list[tuple[str, str, str]]:
     """(checkpoint, method, run name) per checkpoint; every config is read first, so a bad
     checkpoint fails before any long computation."""
-    from looplm.checkpoint import read_meta
-    from looplm.config import config_from_dict
+    from looplm.model.checkpoint import read_meta
+    from looplm.settings.config import config_from_dict
 
     entries = []
     for ck in checkpoints:
@@ -69,10 +70,10 @@ def _diagnose_one(
     settings: DiagnoseSettings, data: DataSettings, ck: str, method: str, label: str, dev, dtype
 ):
     """Diagnose one checkpoint: (results written to <out>/<label>/, its config, its arrays)."""
-    from looplm.checkpoint import load_checkpoint
-    from looplm.diagnostics.inputs import checkpoint_tokenizer, data_batches
     from looplm.diagnostics.runner import diagnose_model
+    from looplm.evaluate.inputs import checkpoint_tokenizer, data_batches
     from looplm.evaluate.records import model_hash
+    from looplm.model.checkpoint import load_checkpoint
 
     model, cfg, meta = load_checkpoint(ck, map_location=dev)
     model = model.to(dtype).eval()

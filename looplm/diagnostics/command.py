@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from looplm.diagnostics.settings import DataSettings, DiagnoseOutput, DiagnoseSettings
-from looplm.options import add_options, from_args
+from looplm.diagnostics.settings import DiagnoseOutput, DiagnoseSettings
+from looplm.evaluate.settings import DataSettings
+from looplm.settings.options import add_options, from_args
 
 SETTINGS = (DiagnoseSettings, DataSettings, DiagnoseOutput)
 
@@ -35,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.diagnostics.checkpoints import diagnose_checkpoints, table_lines
-    from looplm.diagnostics.inputs import set_threads
-    from looplm.limits import check_output_folder
+    from looplm.evaluate.inputs import set_threads
+    from looplm.settings.limits import check_output_folder
 
     settings, data = from_args(DiagnoseSettings, args), from_args(DataSettings, args)
     io = from_args(DiagnoseOutput, args)

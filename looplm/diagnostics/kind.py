@@ -137,8 +137,8 @@ class Diagnostics(EvaluationKind):
 
         import torch
 
-        from looplm.diagnostics.inputs import checkpoint_tokenizer, load_batches
         from looplm.diagnostics.runner import diagnose_model
+        from looplm.evaluate.inputs import checkpoint_tokenizer, load_batches
 
         if not todo:
             return []

@@ -1,5 +1,5 @@
 """The settings of ``looplm diagnose``, its sweep kind and :func:`~looplm.diagnostics.runner.
-diagnose_model`, one dataclass read by all three (:mod:`looplm.options` makes the command line
+diagnose_model`, one dataclass read by all three (:mod:`looplm.settings.options` makes the command line
 from it), and the data a checkpoint analysis reads. Light on purpose (no torch): the command line
 is built from these at start-up."""
 
@@ -15,21 +15,6 @@ EPS_FD = 1e-3  # finite-difference step of the random-direction gain (the paper'
 N_DIRECTIONS = 4  # random probe directions of the gain
 DOSE_GAINS = (0.5, 1.0, 2.0)  # injection gains of the anchor-start dose-response
 DEFAULT_KL_THRESHOLD = 1e-3  # τ of the per-token convergence depth
-
-
-@dataclass
-class DataSettings:
-    """The data a checkpoint analysis (``looplm diagnose``, ``looplm lens``) draws its inputs
-    from: the checkpoint's own unless given."""
-
-    # corpus (e.g. wikitext-2, a local text file) or synthetic task (bool_logic); default: the
-    # checkpoint's own data config
-    data: str | None = None
-    data_dir: str | None = None  # folder with local corpora (e.g. ../shared/data)
-    cache_dir: str | None = None  # token cache folder
-    split: str | None = None  # split to draw inputs from (default: the run's eval split)
-    # window length for corpora (default: context)
-    seq_len: int | None = setting(None, lo=1, hi=1_048_576)
 
 
 @dataclass

@@ -25,9 +25,9 @@ def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool = Tr
             batch_size=s.batch_size, device=s.device, progress=progress,
         )  # fmt: skip
         return result, result.pop("config"), eval_tag(s.tag, max_examples=s.max_examples)
-    from looplm.checkpoint import read_meta
-    from looplm.config import config_from_dict
     from looplm.evaluate import evaluate_checkpoint
+    from looplm.model.checkpoint import read_meta
+    from looplm.settings.config import config_from_dict
 
     result = evaluate_checkpoint(
         checkpoint, s.depths, dataset=s.dataset, split=s.split, data_dir=s.data_dir,

@@ -157,10 +157,10 @@ def evaluate_lambada_checkpoint(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Load a checkpoint and evaluate LAMBADA (a ``lambada_test.jsonl`` file or its folder)."""
-    from looplm.checkpoint import load_checkpoint
     from looplm.data.corpora import lambada_examples
     from looplm.data.tokenizers import get_tokenizer
     from looplm.device import resolve_device
+    from looplm.model.checkpoint import load_checkpoint
 
     dev = resolve_device(device)
     model, cfg, meta = load_checkpoint(path, map_location=dev)

@@ -29,9 +29,9 @@ import hashlib
 import json
 from typing import Any
 
-from looplm.config import RunConfig
 from looplm.data.corpora import canonical_split
 from looplm.results.store import EvalRecord
+from looplm.settings.config import RunConfig
 
 # Settings that do not change what is trained (excluded from the model hash), besides the seed.
 _TRAIN_NON_SEMANTIC = (
@@ -155,10 +155,10 @@ def flops_per_token(
     coda_layers: int = 0,
 ) -> dict[str, float]:
     """Eq. 20/21 per-token FLOP proxies at a (possibly fractional) mean depth
-    (:func:`looplm.accounting.eq20_21`): ``n_body · per_body`` with ``n_body = c_body ·
+    (:func:`looplm.model.accounting.eq20_21`): ``n_body · per_body`` with ``n_body = c_body ·
     mean_depth`` (unshared: ``min(mean_depth, N_layers)``). Sizes not given are the preset's."""
-    from looplm.accounting import eq20_21
-    from looplm.config import model_config
+    from looplm.model.accounting import eq20_21
+    from looplm.settings.config import model_config
 
     ref = model_config(preset, recurrence)
     f = eq20_21(
@@ -237,7 +237,7 @@ def adaptive_records(
     protocol: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> list[EvalRecord]:
-    """Records of :func:`~looplm.evaluate.adaptive.evaluate_adaptive_checkpoint` output."""
+    """Records of :func:`~looplm.adaptive.depth.evaluate_adaptive_checkpoint` output."""
     base = _base(cfg, dataset=result["dataset"], split=result["split"], tag=tag, protocol=protocol)
     out = []
     for r in result["results"]:

@@ -1,15 +1,29 @@
 """The settings of ``looplm eval``: one checkpoint at several loop depths (the fixed-depth sweep,
 held-out transfer or LAMBADA), read by the command and by :func:`looplm.evaluate.checkpoint.
-evaluate_one` alike (:mod:`looplm.options` makes the command line from it). Light (no torch)."""
+evaluate_one` alike (:mod:`looplm.settings.options` makes the command line from it). Light (no torch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from looplm.device import DEVICES
 from looplm.errors import LoopLMError, check_positive_int
-from looplm.grid import DEFAULT_DEPTHS
 from looplm.settings import parse_depths, setting
+
+DEFAULT_DEPTHS = [4, 8, 12, 16, 24, 32, 48]  # the fixed-depth sweep every run gets
+
+
+@dataclass
+class EvaluateSettings:
+    """The common keys under ``evaluate`` (the fixed-depth sweep every run gets)."""
+
+    split: str = "test"  # evaluation split of the fixed-depth and adaptive evaluations
+    # cap on scored tokens (part of the eval tag); null: the whole split
+    max_tokens: int | None = None
+    # loop depths, a list or a string like "1-8,16"
+    depths: list[int] | str = field(default_factory=lambda: list(DEFAULT_DEPTHS))
+    batch_size: int | None = None  # evaluation batch size (default: the run's eval.batch_size)
+    tag: str = ""  # evaluation tag, part of every row's identity
 
 
 @dataclass
@@ -47,3 +61,18 @@ class EvalSettings:
             raise LoopLMError("--lambada evaluates LAMBADA's test split; drop --dataset/--split")
         if not self.lambada and self.max_examples is not None:
             raise LoopLMError("--max-examples applies to --lambada; use --max-tokens for corpora")
+
+
+@dataclass
+class DataSettings:
+    """The data a checkpoint analysis (``looplm diagnose``, ``looplm lens``) draws its inputs
+    from: the checkpoint's own unless given."""
+
+    # corpus (e.g. wikitext-2, a local text file) or synthetic task (bool_logic); default: the
+    # checkpoint's own data config
+    data: str | None = None
+    data_dir: str | None = None  # folder with local corpora (e.g. ../shared/data)
+    cache_dir: str | None = None  # token cache folder
+    split: str | None = None  # split to draw inputs from (default: the run's eval split)
+    # window length for corpora (default: context)
+    seq_len: int | None = setting(None, lo=1, hi=1_048_576)

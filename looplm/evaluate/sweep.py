@@ -81,9 +81,9 @@ def evaluate_checkpoint(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Load a checkpoint and sweep ``depths`` on its evaluation data (or another dataset/split)."""
-    from looplm.checkpoint import load_checkpoint
     from looplm.data.sources import make_source
     from looplm.device import resolve_device
+    from looplm.model.checkpoint import load_checkpoint
 
     dev = resolve_device(device)
     model, cfg, meta = load_checkpoint(path, map_location=dev)

@@ -10,7 +10,7 @@ prompts. It writes into ``out``:
   the J-lens beats the logit lens, workspace ranks, the subspace-overlap matrix against the
   random baseline, persistence, stationarity, the composition gap, the swap dose-response, the
   slice of top-1 tokens, and the wall time of each part;
-* the figures of :mod:`looplm.diagnostics.lens_plots`.
+* the figures of :mod:`looplm.lens.plots`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from looplm.diagnostics.settings import DataSettings
 from looplm.errors import LoopLMError
+from looplm.evaluate.settings import DataSettings
 from looplm.lens import interventions as I
 from looplm.lens import jacobian as L
 from looplm.lens import readout as R
@@ -313,8 +313,8 @@ def lens_checkpoint(
     its layer count), a looped model's deeper depths are ``settings.extrapolate``."""
     from dataclasses import replace
 
-    from looplm.checkpoint import load_checkpoint
-    from looplm.diagnostics.inputs import checkpoint_tokenizer, set_threads
+    from looplm.evaluate.inputs import checkpoint_tokenizer, set_threads
+    from looplm.model.checkpoint import load_checkpoint
 
     set_threads(inputs.threads)
     model, cfg, _ = load_checkpoint(checkpoint)
@@ -336,7 +336,7 @@ def lens_checkpoint(
 
 def _batches(cfg: Any, settings: LensSettings, inputs: LensInputs, data: DataSettings):
     """Disjoint fitting and held-out batches from one stream of the checkpoint's data."""
-    from looplm.diagnostics.inputs import data_batches
+    from looplm.evaluate.inputs import data_batches
 
     n_prompts, n_eval = inputs.prompts, inputs.eval_prompts
     bs = min(inputs.batch_size, n_prompts, n_eval)

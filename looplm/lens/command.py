@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from looplm.diagnostics.settings import DataSettings
+from looplm.evaluate.settings import DataSettings
 from looplm.lens.settings import LensInputs, LensSettings
-from looplm.options import add_options, from_args
+from looplm.settings.options import add_options, from_args
 
 SETTINGS = (LensInputs, LensSettings, DataSettings)
 
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.lens.analysis import lens_checkpoint, summary_lines
-    from looplm.limits import check_output_folder
+    from looplm.settings.limits import check_output_folder
 
     settings = from_args(LensSettings, args)
     inputs, data = from_args(LensInputs, args), from_args(DataSettings, args)

@@ -1,7 +1,7 @@
 """Causal interventions along lens token directions over a band of loop steps.
 
 A token v's direction at loop step t is row v of ``D_t = W_U diag(γ) J_t``
-(:meth:`~looplm.diagnostics.lens.JacobianLens.token_directions`; the logit lens gives the plain
+(:meth:`~looplm.lens.jacobian.JacobianLens.token_directions`; the logit lens gives the plain
 unembedding rows). Over a band of steps t ∈ [first, last] the state h_t is edited and the model's
 own unroll continues from the edited state (``model.unroll(…, state=…, start=t)``):
 

@@ -1,5 +1,5 @@
 """The settings of the lens analyses, one dataclass each, read by the command, the sweep kind and
-the library alike (:mod:`looplm.options` makes the command line from them).
+the library alike (:mod:`looplm.settings.options` makes the command line from them).
 
 * :class:`LensSettings` — ``looplm lens`` and :func:`looplm.lens.analysis.analyse_lens`;
 * :class:`LensInputs` — what ``looplm lens`` draws the prompts from and where it writes;

@@ -1,4 +1,4 @@
-"""Workspace structure of fitted Jacobian lenses (:mod:`looplm.diagnostics.lens`).
+"""Workspace structure of fitted Jacobian lenses (:mod:`looplm.lens.jacobian`).
 
 * **Rank** of J_t and of the token map ``D_t = W_U diag(γ) J_t``: with singular values σ_i and
   p_i = σ_i / Σσ, the effective rank ``exp(−Σ p_i log p_i)`` and the participation ratio

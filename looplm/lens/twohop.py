@@ -1,11 +1,11 @@
 """The Jacobian lens on the two-hop knowledge task: is the bridge entity in the workspace?
 
 For one checkpoint and one depth T, :func:`lens_twohop` fits the Jacobian lens
-(:func:`looplm.diagnostics.lens.fit_jacobian_lens`) on ``n_fit`` single-example rows of training
+(:func:`looplm.lens.jacobian.fit_jacobian_lens`) on ``n_fit`` single-example rows of training
 text, then on every two-hop prompt (``"A12="``; the bridge ``r1(A)`` is never in the prompt) reads
 the query position's loop states h_0 … h_T under each lens arm (``jlens``: ``unembed(J_t h)``;
 ``logit``: ``unembed(h)``; ``tuned``: ``unembed(A_t h + b_t)`` trained to the final distribution on
-the same fitting prompts, :func:`looplm.diagnostics.lens.fit_tuned_lens`) and measures, per loop step t and per prompt:
+the same fitting prompts, :func:`looplm.lens.readout.fit_tuned_lens`) and measures, per loop step t and per prompt:
 
 * ``rank`` — the bridge entity's rank among the whole vocabulary (0 = the lens's top-1);
 * ``kl`` — ``KL(p_T ‖ lens_t)``, the fidelity to the model's own final distribution;
@@ -13,7 +13,7 @@ the same fitting prompts, :func:`looplm.diagnostics.lens.fit_tuned_lens`) and me
 
 The **swap test** (:func:`swap_test`) edits the query position over a band of loop steps: the
 coordinates of the bridge ``b`` and another entity ``b'`` (with ``r2(b') ≠ r2(b)``) along the lens's
-token directions are exchanged (:func:`looplm.diagnostics.lens_interventions.coordinate_swap`,
+token directions are exchanged (:func:`looplm.lens.interventions.coordinate_swap`,
 to the unedited run's coordinates at every step of the band, so consecutive steps do not swap
 back), and the model's own unroll continues. Success: the answer becomes ``r2(b')``. The control swaps an
 unrelated pair of entities (neither the subject, ``b`` nor ``b'``) and is scored against the same

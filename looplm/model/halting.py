@@ -10,11 +10,11 @@ step, which rows the shared core computes and which states change. Two kinds exi
   rows, output projection and SwiGLU for active rows only; keys and values for every row). With a
   KV cache, steps after every token has halted still write the keys/values of each slot's block
   input (:class:`KeysValuesOnly`), so later tokens find every slot filled. The per-token
-  evaluation (:mod:`looplm.evaluate.halting`) and adaptive decoding (:mod:`looplm.generate`) both
+  evaluation (:mod:`looplm.adaptive.halting`) and adaptive decoding (:mod:`looplm.decoding.decoder`) both
   run through it.
 * :class:`ExampleHalting` — **per-example** early exit with row compaction: an example that stops
   leaves the batch, so each later step costs only the examples still running (the max-token rule
-  of :mod:`looplm.evaluate.adaptive`).
+  of :mod:`looplm.adaptive.depth`).
 
 A decision is a callable ``decide(t, h, cur, prev) -> (n,) bool`` over the n active tokens (rows
 of ``h`` in row-major order of the active tokens). What it compares is declared by attributes:
@@ -37,7 +37,7 @@ from torch import nn
 from looplm.errors import LoopLMError
 from looplm.model.block import PartCall, core_part
 from looplm.model.loss import chunk_rows
-from looplm.model.readout import log_probs, readout_kl, row_chunks
+from looplm.model.readout import log_probs, row_chunks
 from looplm.model.recurrences import LoopContext
 
 
@@ -71,84 +71,6 @@ def index_context(ctx: LoopContext, idx: torch.Tensor) -> LoopContext:
     return LoopContext(
         e=ctx.e[idx], anchor=ctx.anchor[idx], extra={k: v[idx] for k, v in ctx.extra.items()}
     )
-
-
-# ============================================================================ decisions
-class KLHalt:
-    """Halt when ``KL(p_t ‖ p_{t−1}) < threshold`` (reads the logits)."""
-
-    needs_logits = True
-
-    def __init__(self, threshold: float) -> None:
-        if not threshold >= 0:  # also rejects NaN
-            raise LoopLMError(f"KL threshold {threshold!r} must be >= 0")
-        self.threshold = float(threshold)
-
-    @property
-    def mode(self) -> str:
-        return f"kl:thr={self.threshold:g}"
-
-    def __call__(self, t: int, h, logp: torch.Tensor, logp_prev: torch.Tensor) -> torch.Tensor:
-        return readout_kl(logp, logp_prev) < self.threshold  # (N,)
-
-
-class UpdateHalt:
-    """Halt when the token's relative hidden update ``‖h_t − h_{t−1}‖ / ‖h_{t−1}‖ < threshold``."""
-
-    needs_logits = False
-    needs_hidden = True
-
-    def __init__(self, threshold: float) -> None:
-        if not threshold >= 0:
-            raise LoopLMError(f"update threshold {threshold!r} must be >= 0")
-        self.threshold = float(threshold)
-
-    @property
-    def mode(self) -> str:
-        return f"maxtoken:thr={self.threshold:g}"
-
-    def __call__(self, t: int, h, cur: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        return relative_update(cur, prev) < self.threshold
-
-
-class GateHalt:
-    """Halt when the exit gate's cumulative exit probability reaches ``threshold``: after step t,
-    ``c_t = c_{t−1} + λ_t · r_{t−1}``, ``r_t = r_{t−1} · (1 − λ_t)`` (c_0 = 0, r_0 = 1), i.e.
-    ``c_t = 1 − Π_{j≤t}(1 − λ_j)`` summed in the reference's order; λ_t is the model's
-    ``recurrence.exit_probability(h_t)`` (Ouro's learned exit gate). Reads neither logits nor
-    previous states, but keeps each token's running sums (``needs_tokens``: it is told which
-    tokens the active rows are)."""
-
-    needs_logits = False
-    needs_tokens = True
-
-    def __init__(self, model: nn.Module, threshold: float) -> None:
-        gate = getattr(getattr(model, "recurrence", None), "exit_probability", None)
-        if gate is None:
-            name = getattr(getattr(model, "config", None), "recurrence", type(model).__name__)
-            raise LoopLMError(
-                f"halt=gate needs a model with a learned exit gate (ouro); got {name}"
-            )
-        if not 0.0 <= threshold <= 1.0:
-            raise LoopLMError(f"gate threshold {threshold!r} must be in [0, 1]")
-        self.gate, self.threshold = gate, float(threshold)
-        self.cdf = self.remaining = None
-
-    @property
-    def mode(self) -> str:
-        return f"gate:thr={self.threshold:g}"
-
-    def start(self, n: int, device: torch.device) -> None:
-        """A new unroll over n tokens."""
-        self.cdf = torch.zeros(n, device=device)
-        self.remaining = torch.ones(n, device=device)
-
-    def __call__(self, t: int, h, idx: torch.Tensor, _unused) -> torch.Tensor:
-        lam = self.gate(h).float()  # (n,)
-        rem = self.remaining[idx]
-        cdf = self.cdf[idx] + lam * rem
-        self.cdf[idx], self.remaining[idx] = cdf, rem * (1.0 - lam)
-        return cdf >= self.threshold
 
 
 class PreviousReadout:

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
 from looplm.model.block import Block, BlockCall, Core, KVCache, positions
 from looplm.model.halting import UnrollHalting
@@ -41,6 +40,7 @@ from looplm.model.loss import linear_cross_entropy, linear_nll_and_correct
 from looplm.model.masks import adjacency_mask
 from looplm.model.readout import readout_nll, score_tokens
 from looplm.model.recurrences import LoopContext, Recurrence, build_recurrence
+from looplm.settings.config import ModelConfig
 from looplm.targets import IGNORE_INDEX
 
 
@@ -198,7 +198,7 @@ class LanguageModelBase(nn.Module):
         return h
 
     def _init_weights(self) -> None:
-        """``model.init`` (see :class:`~looplm.config.ModelConfig`).
+        """``model.init`` (see :class:`~looplm.settings.config.ModelConfig`).
 
         ``normal`` (default): GPT-2 style N(0, init_std = 0.02) for every projection and
         N(0, emb_std = 0.02) for both embeddings (frozen projections included: a frozen random

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from looplm.config import ModelConfig
 from looplm.model.lm import LanguageModelBase, LoopOutput, LoopStep, check_loops, check_start
 from looplm.model.recurrences import LoopContext
+from looplm.settings.config import ModelConfig
 
 
 class UnsharedLM(LanguageModelBase):

@@ -9,10 +9,9 @@ Heavy pieces are imported lazily: ``from looplm.results import ResultsStore`` is
 
 from __future__ import annotations
 
-from typing import Any
-
 from looplm.results.export import load_records
 from looplm.results.store import IDENTITY_FIELDS, EvalRecord, ResultsStore
+from looplm.settings.plugins import lazy_attributes
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -27,19 +26,14 @@ __all__ = [
     "fit_recurrence_scaling",
 ]
 
-_LAZY = {
-    "NLLAccumulator": "looplm.results.stats",
-    "summarize": "looplm.results.stats",
-    "paired_deltas": "looplm.results.stats",
-    "write_report": "looplm.results.report",
-    "write_supplement": "looplm.results.supplement",
-    "fit_recurrence_scaling": "looplm.results.scaling",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'looplm.results' has no attribute {name!r}")
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "NLLAccumulator": "looplm.results.stats",
+        "summarize": "looplm.results.stats",
+        "paired_deltas": "looplm.results.stats",
+        "write_report": "looplm.results.report",
+        "write_supplement": "looplm.results.supplement",
+        "fit_recurrence_scaling": "looplm.results.scaling",
+    },
+)

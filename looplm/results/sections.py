@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from looplm.errors import LoopLMError
-from looplm.plugins import Registry, analysis_modules, import_submodules
 from looplm.results.stats import (
     DEFAULT_SEEDS,
     EXPANDED_SEEDS,
@@ -35,6 +34,7 @@ from looplm.results.stats import (
 )
 from looplm.results.store import EvalRecord
 from looplm.results.tables import method_order, slug
+from looplm.settings.plugins import Registry, analysis_modules, import_submodules
 
 
 class ReportContext:

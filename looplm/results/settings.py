@@ -1,5 +1,5 @@
 """The settings of a report, one dataclass read by ``looplm report``, the ``report:`` section of
-an experiment grid and :func:`looplm.results.report.write_report` alike (:mod:`looplm.options`
+an experiment grid and :func:`looplm.results.report.write_report` alike (:mod:`looplm.settings.options`
 makes the command line from it). Light (no numpy until it is validated)."""
 
 from __future__ import annotations

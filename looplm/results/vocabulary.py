@@ -1,7 +1,7 @@
 """The verdict vocabulary, defined once: each word with the criterion it needs.
 
-The SCSE paper's claims (:mod:`looplm.paper.verdicts`) and the lens study's pre-registered
-criteria (:mod:`looplm.results.lens`) speak these words; it lives in the results layer so that
+The SCSE paper's claims (:mod:`looplm.experiments.paper.verdicts`) and the lens study's pre-registered
+criteria (:mod:`looplm.lens.section`) speak these words; it lives in the results layer so that
 both can (the results layer imports nothing above it).
 """
 

@@ -2,7 +2,7 @@
 
 The folder is scanned, and so is every analysis package's ``kind`` module (``looplm/lens/kind.py``;
 no import list to edit); see :mod:`looplm.evaluate.kinds.base` for the
-contract and :mod:`looplm.plugins` for kinds that live outside looplm.
+contract and :mod:`looplm.settings.plugins` for kinds that live outside looplm.
 """
 
 import importlib
@@ -18,7 +18,7 @@ from looplm.evaluate.kinds.base import (
     kind_names,
     register_kind,
 )
-from looplm.plugins import analysis_modules, import_submodules
+from looplm.settings.plugins import analysis_modules, import_submodules
 
 import_submodules(__name__, __path__)
 for _module in analysis_modules("kind"):  # an analysis package's own kind (looplm/lens/kind.py)

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from looplm.errors import LoopLMError
-from looplm.grid import DEFAULT_DEPTHS, EvaluateSettings
-from looplm.plugins import Registry
+from looplm.evaluate.settings import DEFAULT_DEPTHS, EvaluateSettings
 from looplm.settings import build_settings
+from looplm.settings.plugins import Registry
 
 COMMON_KEYS = {f.name for f in dataclasses.fields(EvaluateSettings)}
 
@@ -116,8 +116,8 @@ class EvalJob:
     def model(self) -> Any:
         """The run's model on the job's device (loaded once); records get its training step."""
         if self._model is None:
-            from looplm.checkpoint import load_checkpoint
             from looplm.evaluate.records import model_hash
+            from looplm.model.checkpoint import load_checkpoint
 
             self._model, saved, meta = load_checkpoint(self.checkpoint, map_location=self.device)
             if model_hash(saved) != self.model_hash:

@@ -55,7 +55,7 @@ class Sweep:
     def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
         """Records of the depths of this sweep that ``todo`` asks for (one unroll per batch)."""
         from looplm.data.synthetic import TASKS
-        from looplm.evaluate.common import evaluation_batches
+        from looplm.evaluate.batches import evaluation_batches
         from looplm.evaluate.records import fixed_depth_records
         from looplm.evaluate.sweep import depth_sweep
 

@@ -1,7 +1,7 @@
 """Looped checkpoints trained elsewhere, loaded natively into looplm's own model.
 
 One module per family maps that family's published ``config.json`` and tensor names onto a
-:class:`~looplm.config.ModelConfig` and a :class:`~looplm.model.lm.LoopedLM` state dict (block
+:class:`~looplm.settings.config.ModelConfig` and a :class:`~looplm.model.lm.LoopedLM` state dict (block
 options, one recurrence file per family's loop), so the unroll, the halting module, the KV cache
 and every analysis run on it unchanged:
 
@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from looplm.config import EvalConfig, ModelConfig, RunConfig, TrainConfig
 from looplm.errors import LoopLMError
 from looplm.model.families.base import Family, load_weights, open_tensors
 from looplm.model.families.hrm_text import HrmTextFamily
 from looplm.model.families.huginn import HuginnFamily
 from looplm.model.families.ouro import OuroFamily
 from looplm.model.families.parcae import ParcaeFamily
+from looplm.settings.config import EvalConfig, ModelConfig, RunConfig, TrainConfig
 
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (ParcaeFamily(), HuginnFamily(), OuroFamily(), HrmTextFamily())
@@ -191,8 +191,8 @@ def import_pretrained(
 ) -> Path:
     """Write the published checkpoint ``src`` as a looplm checkpoint folder ``out`` (what every
     command reads), with the source's tokenizer files copied beside the weights."""
-    from looplm.checkpoint import save_checkpoint
     from looplm.io import atomic_write_bytes
+    from looplm.model.checkpoint import save_checkpoint
 
     model, info = _load(src, dtype)
     folder = resolve_source(src)

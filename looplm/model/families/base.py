@@ -4,7 +4,7 @@ weights into a :class:`~looplm.model.lm.LoopedLM` built on the meta device.
 A family (one module in this folder) says three things about a published ``config.json``:
 
 * whether it is this family's (:meth:`Family.detects`),
-* the :class:`~looplm.config.ModelConfig` that expresses it (block options, recurrence and its
+* the :class:`~looplm.settings.config.ModelConfig` that expresses it (block options, recurrence and its
   settings) — :meth:`Family.model_config`, which rejects keys it does not know,
 * where every looplm tensor comes from (:meth:`Family.weights`): a list of :class:`Weight` rows,
   each naming the published tensors (with the shapes the config implies) that are stacked along
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
+from looplm.settings.config import ModelConfig
 
 # Keys every Hugging Face ``config.json`` may carry that say nothing about the network (generation
 # defaults, bookkeeping); a family accepts them besides its own.

@@ -23,7 +23,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
 from looplm.model.families.base import (
     Family,
@@ -32,6 +31,7 @@ from looplm.model.families.base import (
     hf_rope_base,
     need,
 )
+from looplm.settings.config import ModelConfig
 
 STACKS = ("L_module", "H_module")  # looplm's core: the low-level layers first
 

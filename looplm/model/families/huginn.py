@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from looplm.config import ModelConfig
 from looplm.model.families.base import Family, Weight, WeightPlan, layer_prefixes, need
+from looplm.settings.config import ModelConfig
 
 
 class HuginnFamily(Family):

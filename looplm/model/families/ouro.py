@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from looplm.config import ModelConfig
 from looplm.model.families.base import (
     Family,
     Weight,
@@ -22,6 +21,7 @@ from looplm.model.families.base import (
     layer_prefixes,
     need,
 )
+from looplm.settings.config import ModelConfig
 
 
 class OuroFamily(Family):

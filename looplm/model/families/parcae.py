@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from looplm.config import ModelConfig
 from looplm.errors import LoopLMError
 from looplm.model.families.base import Family, Weight, WeightPlan, layer_prefixes, need
+from looplm.settings.config import ModelConfig
 
 # The reference's rope_settings are ignored when it loads (its default base is used).
 ROPE_BASE = 50000.0

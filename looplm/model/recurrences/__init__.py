@@ -2,7 +2,7 @@
 
 The folder is scanned (no import list to edit): adding a method is adding one file here, or one
 module outside looplm named by an entry point (group ``looplm.recurrences``) or by
-``$LOOPLM_PLUGINS`` (see :mod:`looplm.plugins`).
+``$LOOPLM_PLUGINS`` (see :mod:`looplm.settings.plugins`).
 """
 
 from looplm.model.recurrences.base import (
@@ -13,7 +13,7 @@ from looplm.model.recurrences.base import (
     recurrence_names,
     register,
 )
-from looplm.plugins import import_submodules
+from looplm.settings.plugins import import_submodules
 
 import_submodules(__name__, __path__)
 

@@ -15,7 +15,7 @@ projections, gains, step embeddings) and defines, in its own state coordinates:
 several stacks, e.g. HRM-Text's two).
 
 Adding a method = one file with a subclass decorated by ``@register``, in this folder (found by
-a package scan) or anywhere else as a plugin (:mod:`looplm.plugins`); ``LoopedLM`` never changes.
+a package scan) or anywhere else as a plugin (:mod:`looplm.settings.plugins`); ``LoopedLM`` never changes.
 The class also declares what the tests check it against: its equation and paper reference,
 whether its forcing bias is zero by construction (masked and raw), and the closed form of the
 parameters it adds (:meth:`Recurrence.parameter_formula`).
@@ -29,10 +29,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from looplm.config import UNSHARED
 from looplm.errors import LoopLMError
-from looplm.plugins import Registry
 from looplm.settings import build_settings
+from looplm.settings.config import UNSHARED
+from looplm.settings.plugins import Registry
 
 _REGISTRY: Registry[Recurrence] = Registry("recurrence", "looplm.recurrences")
 

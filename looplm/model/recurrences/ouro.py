@@ -7,7 +7,7 @@ norm closes every step, and a learned exit gate reads every step's state.
     λ_t = σ(w · s_t + b)                       the exit gate's probability of stopping at step t
 
 The readout reads s_T without a further norm (``model.final_norm=false``). The gate does not
-change the states: :class:`looplm.model.halting.GateHalt` turns it into a halting rule (stop a
+change the states: :class:`looplm.model.halting_rules.GateHalt` turns it into a halting rule (stop a
 token once its cumulative exit probability ``1 − Π_{j≤t}(1 − λ_j)`` reaches a threshold). No
 input re-injection: the forcing bias at s = 0 is ``N(G(0)) = 0``.
 """

@@ -1,0 +1,599 @@
+"""Training: plain functions that read top to bottom.
+
+    cfg = load_config("configs/tiny_bool.yaml", ["train.steps=200"])
+    fit(cfg)                      # or fit(cfg, resume=True) to continue from <out_dir>/ckpt
+
+Per optimizer step: draw the loop depth T uniformly from [depth_min, depth_max] (the same T on every
+rank, since it comes from the run seed and the step), accumulate ``grad_accum`` micro-batches, clip
+the global gradient norm, step AdamW with a cosine schedule after linear warmup. A non-finite loss or
+gradient skips the update (or stops the run) without touching weights or optimizer state. SIGTERM,
+SIGINT, ``train.max_wall_s`` or a callback (``fit(cfg, callbacks=[...])``) stop the run with a
+checkpoint written, and ``fit`` returns. Metrics go to ``<out_dir>/metrics.jsonl``.
+
+The loss of a step is the token mean over the whole global batch (all ranks, all micro-batches):
+each micro-batch contributes its summed NLL divided by the global supervised-token count (known to
+every rank without communication, since batches are pure functions of the step), so 2 ranks × b
+rows, 1 process × 2b rows and b rows × 2 accumulation steps give the same gradient.
+
+Distributed runs (``torchrun``; DDP or FSDP2 by ``train.parallel``) are wrapped in
+:mod:`looplm.training.distributed`; this module only calls its helpers. ``train.compile`` compiles each
+Transformer block in place (regional compilation): one compiled graph serves every loop step and
+every sampled T, where compiling the whole unrolled model would recompile for each T.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import random
+import resource
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from looplm.data.sources import DataSource, make_source, step_seed
+from looplm.device import resolve_device
+from looplm.errors import LoopLMError
+from looplm.io import atomic_write_text
+from looplm.model import model_from_config
+from looplm.model.accounting import model_flops
+from looplm.model.block import Block
+from looplm.model.checkpoint import (
+    checkpoint_exists,
+    load_checkpoint,
+    load_optimizer_state,
+    read_meta,
+    save_checkpoint,
+)
+from looplm.progress import progress_enabled
+from looplm.settings.config import RunConfig, dump_config
+from looplm.settings.limits import cap_steps
+from looplm.targets import IGNORE_INDEX
+from looplm.training import run_folder
+from looplm.training.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    any_rank,
+    barrier,
+    cleanup,
+    full_tensor,
+    grad_sync,
+    init_distributed,
+    sharded_optimizer_loader,
+    state_views,
+)
+from looplm.training.run_folder import check_resume_config, progress_line, with_absolute_paths
+
+
+# ----------------------------------------------------------------------------- schedule
+def get_lr(step: int, cfg: RunConfig) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr_ratio·lr``."""
+    tc = cfg.train
+    if tc.warmup and step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    span = max(1, tc.steps - tc.warmup)
+    progress = min(1.0, (step - tc.warmup) / span)
+    min_lr = tc.lr * tc.min_lr_ratio
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - min_lr)
+
+
+def sample_depth(step: int, cfg: RunConfig) -> int:
+    """The loop depth of optimizer step ``step``: uniform on [depth_min, depth_max], seeded."""
+    tc = cfg.train
+    return random.Random(step_seed(tc.seed, step, 0) ^ 0x5EED).randint(tc.depth_min, tc.depth_max)
+
+
+# ----------------------------------------------------------------------------- setup
+def autocast_context(cfg: RunConfig, device: torch.device):
+    """bf16 autocast on GPU (``auto``/``bf16``); a no-op otherwise."""
+    mode = cfg.train.autocast
+    if device.type == "cuda" and mode in ("auto", "bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cpu" and mode == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: RunConfig, device: torch.device, fused: bool | None = None
+):
+    """AdamW; ≥2-D weights decay, norms/scalar gains do not; frozen parameters are left out.
+    ``fused`` (default: on GPU) selects the fused CUDA kernel."""
+    tc = cfg.train
+    no_decay = model.no_decay_parameters()
+    if hasattr(model, "recurrence"):
+        no_decay |= {id(p) for p in model.recurrence.no_decay_parameters()}
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": tc.weight_decay},
+        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
+    ]
+    fused = device.type == "cuda" if fused is None else fused
+    extra = {"fused": True} if fused else {}
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **extra)
+
+
+def _rng_state() -> dict[str, Any]:
+    # Only torch's generators drive randomness in a step (dropout); batches and depths are seeded
+    # per step, so Python's and NumPy's generators need not be saved.
+    st = {
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+    if torch.cuda.is_available():
+        st["cuda"] = [
+            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
+        ]
+    return st
+
+
+def _set_rng_state(st: dict[str, Any]) -> None:
+    raw = np.frombuffer(base64.b64decode(st["torch"]), dtype=np.uint8).copy()
+    torch.set_rng_state(torch.from_numpy(raw))
+    if "cuda" in st and torch.cuda.is_available():
+        states = [
+            torch.from_numpy(np.frombuffer(base64.b64decode(s), dtype=np.uint8).copy())
+            for s in st["cuda"]
+        ]
+        torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def compile_blocks(model: torch.nn.Module) -> int:
+    """``torch.compile`` every Transformer block of ``model`` in place; returns how many."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, Block):
+            m.compile()
+            n += 1
+    return n
+
+
+def train_flops(model_cfg, loops: int, seq_len: int, n_input: int, n_supervised: int) -> float:
+    """Training FLOPs of one step by the paper's proxy (Eqs. 20–21), ×3 for forward + backward.
+
+    Body: ``N_body(T)·(8d² + 6·d·d_ff + 4·L·d)`` per input token; head: ``2·d·|V|`` per
+    supervised token (the loss reads out supervised positions only); both from
+    :func:`looplm.model.accounting.model_flops`.
+    """
+    f = model_flops(model_cfg, loops, seq_len)
+    return 3.0 * (f["body"] * n_input + f["head"] * n_supervised)
+
+
+def peak_memory_mb(device: torch.device) -> tuple[str, float]:
+    """("peak_mem_mb", max allocated on the GPU) or ("peak_rss_mb", peak resident set on CPU)."""
+    if device.type == "cuda":
+        return "peak_mem_mb", torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return "peak_rss_mb", rss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+@dataclass
+class TrainState:
+    """Everything :func:`fit` carries between steps.
+
+    ``model`` is what a training step calls: the bare model in a single process, or the DDP/FSDP
+    wrapper (whose forward is the loss) in a distributed run; ``raw_model`` is always the bare
+    model; ``wrapped`` the distributed wrapper or None.
+    """
+
+    cfg: RunConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    source: DataSource
+    device: torch.device
+    dist: DistInfo
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    raw_model: torch.nn.Module | None = None
+    wrapped: torch.nn.Module | None = None
+
+    @property
+    def fsdp(self) -> bool:
+        return self.wrapped is not None and self.cfg.train.parallel == "fsdp"
+
+
+def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) -> TrainState:
+    """Build model, optimizer and data; restore them from ``<out_dir>/ckpt`` when resuming.
+
+    Under torchrun the model is wrapped (``train.parallel``) before the optimizer is built, since
+    FSDP replaces parameters by shards. A checkpoint from any world size resumes here.
+    """
+    device = resolve_device(cfg.train.device)
+    dist = dist or init_distributed(device.type)
+    if device.type == "cuda" and dist.enabled:
+        device = torch.device("cuda", dist.local_rank)
+    out = Path(cfg.out_dir)
+    ckpt = out / "ckpt"
+    seed_everything(cfg.train.seed)  # the same initial weights on every rank
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left outside autocast
+        torch.backends.cudnn.allow_tf32 = True
+    step = 0
+    if resume:
+        if not checkpoint_exists(ckpt):
+            raise LoopLMError(f"cannot resume: no checkpoint at {ckpt}")
+        model, saved_cfg, meta = load_checkpoint(ckpt, map_location=device)
+        step = int(meta["state"]["step"])
+        check_resume_config(saved_cfg, cfg, ckpt, step)
+        model.train()
+    else:
+        model = model_from_config(cfg.model).to(device)
+    if dist.enabled:
+        seed_everything(cfg.train.seed + dist.rank)  # per-rank dropout streams
+    if cfg.train.compile:
+        compile_blocks(model)
+    wrapped = None
+    if dist.enabled:
+        from looplm.training.distributed import wrap_model  # DDP/FSDP live in distributed.py
+
+        wrapped = wrap_model(model, cfg, dist, device)
+    fsdp = wrapped is not None and cfg.train.parallel == "fsdp"
+    # Fused AdamW on GPU; FSDP's sharded (DTensor) parameters take the foreach implementation.
+    optimizer = make_optimizer(model, cfg, device, fused=device.type == "cuda" and not fsdp)
+    if resume:
+        load_optimizer_state(ckpt, sharded_optimizer_loader(optimizer) if fsdp else optimizer)
+        rng = read_meta(ckpt)["state"].get("rng")
+        if rng and not dist.enabled:
+            _set_rng_state(rng)
+    source = make_source(cfg.data, cfg.model, cfg.train.seed)
+    return TrainState(
+        cfg, wrapped or model, optimizer, source, device, dist, step, [], model, wrapped
+    )
+
+
+# ----------------------------------------------------------------------------- one step
+# long: one optimizer step: accumulation, clipping and the non-finite rule must stay in order
+def train_step(ts: TrainState) -> dict[str, Any]:
+    """One optimizer step (with gradient accumulation). Returns its metrics."""
+    cfg, tc = ts.cfg, ts.cfg.train
+    model, opt = ts.model, ts.optimizer
+    core = ts.raw_model or model
+    model.train()
+    lr = get_lr(ts.step, cfg)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    # Looped models draw T per step; an unshared Transformer always runs all its layers.
+    loops = sample_depth(ts.step, cfg) if core.is_looped else cfg.model.n_layers
+    world, rank = ts.dist.world_size, ts.dist.rank
+    # The step's loss is the token mean over the global batch: every rank knows its token count.
+    _, y_all = ts.source.global_batch(ts.step, tc.batch_size * world * tc.grad_accum)
+    n_global = int((y_all != IGNORE_INDEX).sum())
+    scale = world / max(n_global, 1)  # DDP/FSDP average gradients over ranks: undo the 1/world
+    kwargs = dict(
+        loops=loops,
+        objective=tc.objective,
+        truncate_k=tc.truncate_k,
+        checkpoint_loops=tc.checkpoint_loops,
+        reduction="sum",
+    )
+    local_sum = torch.zeros((), dtype=torch.float32, device=ts.device)
+    n_input = 0
+    seq_len = 0
+    opt.zero_grad(set_to_none=True)
+    for micro in range(tc.grad_accum):
+        x, y = ts.source.train_batch(
+            ts.step, micro, tc.batch_size, rank, world_size=world, grad_accum=tc.grad_accum
+        )
+        x, y = x.to(ts.device, non_blocking=True), y.to(ts.device, non_blocking=True)
+        last = micro == tc.grad_accum - 1
+        # all-reduce / reduce-scatter only on the last micro-batch
+        with grad_sync(model, last), autocast_context(cfg, ts.device):
+            nll = core.loss(x, y, **kwargs) if model is core else model(x, y, **kwargs)
+            (nll * scale).backward()
+        local_sum += nll.detach().float()
+        n_input += x.numel()
+        seq_len = max(seq_len, x.shape[1])
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in core.parameters() if p.grad is not None], tc.clip
+    )
+    grad_norm = float(full_tensor(grad_norm))
+    (total,) = all_reduce_sum([float(local_sum)], ts.dist, ts.device)
+    loss_val = total / max(n_global, 1)
+    finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
+    if finite:
+        opt.step()
+    else:
+        opt.zero_grad(set_to_none=True)  # weights and moments untouched
+        if tc.nonfinite == "stop":
+            raise LoopLMError(f"non-finite loss/gradient at step {ts.step} (train.nonfinite=stop)")
+    ts.step += 1
+    n_input *= world
+    return {
+        "step": ts.step,
+        "loss": loss_val,
+        "lr": lr,
+        "loops": loops,
+        "grad_norm": grad_norm,
+        "tokens": n_input,
+        "supervised_tokens": n_global,
+        "train_flops": train_flops(cfg.model, loops, seq_len, n_input, n_global),
+        "skipped": not finite,
+    }
+
+
+def _eval_stats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loops: int):
+    """tensor([Σ NLL, tokens, argmax hits]) of one batch at depth ``loops`` (chunked readout)."""
+    (h,) = model.hidden_states(x, loops)
+    s = model.score(h, y)
+    return torch.stack([s.nll.double(), s.n_tokens.double(), s.correct.double()])
+
+
+@torch.no_grad()
+def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
+    """Token-weighted validation NLL (and accuracy for tasks) at depth ``loops``.
+
+    Distributed: the batches are split over ranks and the sums all-reduced (under FSDP every rank
+    makes the same number of forward calls, padding with a discarded batch).
+    """
+    cfg = ts.cfg
+    model = ts.raw_model or ts.model
+    loops = loops or (cfg.train.depth_max if model.is_looped else cfg.model.n_layers)
+    limit = None if ts.source.is_task else cfg.train.eval_batches
+    batches = []
+    for i, b in enumerate(
+        ts.source.eval_batches(cfg.eval.batch_size, cfg.eval.max_tokens, cfg.eval.n_examples)
+    ):
+        if limit is not None and i >= limit:
+            break
+        batches.append(b)
+    world, rank = ts.dist.world_size, ts.dist.rank
+    mine = batches[rank::world]
+    n_calls = -(-len(batches) // world) if ts.fsdp else len(mine)
+    model.eval()
+    if ts.wrapped is not None:
+        ts.wrapped.eval()
+    acc = torch.zeros(3, dtype=torch.float64, device=ts.device)
+    for i in range(n_calls):
+        keep = i < len(mine)
+        x, y = mine[i] if keep else batches[0]
+        x, y = x.to(ts.device), y.to(ts.device)
+        with autocast_context(cfg, ts.device):
+            if ts.fsdp:  # through the FSDP root, which gathers the parameters
+                stats = ts.wrapped(x, y, fn=_eval_stats, loops=loops)
+            else:
+                stats = _eval_stats(model, x, y, loops)
+        if keep:
+            acc += stats
+    nll, n, correct = all_reduce_sum(acc.tolist(), ts.dist, ts.device)
+    model.train()
+    if ts.wrapped is not None:
+        ts.wrapped.train()
+    out = {"val_loss": nll / max(n, 1), "val_loops": loops, "val_tokens": int(n)}
+    if ts.source.is_task:
+        out["val_accuracy"] = correct / max(n, 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- the loop
+class _StopFlag:
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum, frame) -> None:
+        self.signal = signum
+
+
+def save(ts: TrainState) -> Path:
+    """Write ``<out_dir>/ckpt`` (rank 0; under FSDP every rank helps gather the full state)."""
+    path = Path(ts.cfg.out_dir) / "ckpt"
+    model, opt = ts.raw_model or ts.model, ts.optimizer
+    if ts.fsdp:
+        model, opt = state_views(model, opt)  # collective: full tensors on every rank
+    if ts.dist.is_main:
+        save_checkpoint(
+            path,
+            model,
+            ts.cfg,
+            optimizer=opt,
+            state={"step": ts.step, "rng": _rng_state(), "world_size": ts.dist.world_size},
+        )
+    barrier(ts.dist)
+    return path
+
+
+def _open_metrics(out: Path, resume_step: int):
+    """metrics.jsonl, with lines beyond the resumed step dropped (so a resumed log has no repeats)."""
+    path = out / "metrics.jsonl"
+    if path.exists():
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("step", 0) <= resume_step:
+                keep.append(line)
+        atomic_write_text(path, "".join(k + "\n" for k in keep))
+    return path.open("a")
+
+
+#: ``callback(ts, metrics)`` after every optimizer step (on every rank); True asks fit to stop.
+StepCallback = Callable[[TrainState, dict[str, Any]], "bool | None"]
+
+
+class _RunLog:
+    """Where a run's numbers go: the progress bar, metrics.jsonl and TensorBoard (rank 0)."""
+
+    def __init__(self, ts: TrainState, cfg: RunConfig, progress: bool | None, quiet: bool) -> None:
+        from tqdm.auto import tqdm
+
+        out = Path(cfg.out_dir)
+        main = ts.dist.is_main
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out / "config.yaml", dump_config(cfg))
+        self.metrics_f = _open_metrics(out, ts.step) if main else None
+        self.tb = None
+        if cfg.train.tensorboard and main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise LoopLMError(
+                    "train.tensorboard=true needs `pip install looplm[tensorboard]`"
+                ) from None
+            self.tb = SummaryWriter(str(out / "tb"))
+        bar = progress_enabled(progress) and main
+        self.bar = tqdm(
+            total=cfg.train.steps,
+            initial=ts.step,
+            disable=not bar,
+            desc=f"train {cfg.model.recurrence}",
+            dynamic_ncols=True,
+        )
+        self.lines = main and not bar and not quiet and progress is not False
+        self.total = cfg.train.steps
+
+    def step(self, m: dict[str, Any]) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{m['loss']:.3f}", T=m["loops"])
+
+    def write(self, m: dict[str, Any], step: int) -> None:
+        if self.lines:
+            print(progress_line(m, self.total), file=sys.stderr, flush=True)
+        if self.metrics_f:
+            self.metrics_f.write(json.dumps(m) + "\n")
+            self.metrics_f.flush()
+        if self.tb:
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.metrics_f:
+            self.metrics_f.close()
+        if self.tb:
+            self.tb.close()
+
+
+class _Meter:
+    """Throughput between logged steps: tokens/s, MFU (GPU), peak memory, elapsed time."""
+
+    def __init__(self, ts: TrainState, cfg: RunConfig) -> None:
+        cuda = ts.device.type == "cuda"
+        self.peak = cfg.train.peak_tflops * 1e12 * ts.dist.world_size if cuda else 0.0
+        self.device = ts.device
+        self.t0 = self.t_since = time.perf_counter()
+        self.tokens, self.flops = 0, 0.0
+
+    def add(self, m: dict[str, Any]) -> None:
+        self.tokens += m["tokens"]
+        self.flops += m["train_flops"]
+
+    def fill(self, m: dict[str, Any]) -> None:
+        """Put the rates since the last logged step into ``m`` and start a new interval."""
+        now = time.perf_counter()
+        dt = max(now - self.t_since, 1e-9)
+        m["tok_per_s"] = self.tokens / dt
+        if self.peak > 0:
+            m["mfu"] = self.flops / dt / self.peak
+        key, mb = peak_memory_mb(self.device)
+        m[key] = mb
+        m["elapsed_s"] = now - self.t0
+        self.tokens, self.flops, self.t_since = 0, 0.0, now
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def fit(
+    cfg: RunConfig,
+    resume: bool = False,
+    progress: bool | None = None,
+    quiet: bool = False,
+    callbacks: Sequence[StepCallback] = (),
+) -> dict[str, Any]:
+    """Train according to ``cfg``; returns the last metrics (and final validation numbers).
+
+    Logged every ``log_every`` steps (rank 0): loss, lr, T, grad norm, tokens/s, MFU (GPU only:
+    the Eq. 20–21 proxy ×3 against ``train.peak_tflops`` per GPU) and peak memory (GPU: max
+    allocated; CPU: peak resident set).
+
+    Stopping early: on SIGTERM/SIGINT, once ``train.max_wall_s`` seconds have passed, or when a
+    ``callbacks`` entry (``callback(ts, metrics)``, called after every step) returns True, fit
+    writes a checkpoint and returns the last step's metrics with ``stopped`` set to ``"signal"``
+    (and ``signal``: its number), ``"max_wall_s"`` or ``"callback"``; there is no final
+    validation then, and ``fit(cfg, resume=True)`` continues exactly (``LOOPLM_MAX_STEPS``)."""
+    cfg = with_absolute_paths(run_folder.training_folder(cfg))
+    with run_folder.training_lock(cfg.out_dir):
+        ts = setup(cfg, resume=resume)
+        cap_steps(ts, cfg, quiet=quiet or not ts.dist.is_main)
+        try:
+            return _fit(ts, cfg, progress, quiet, list(callbacks))
+        finally:
+            cleanup(ts.dist)
+
+
+def _stop_reason(
+    ts: TrainState, flag: _StopFlag, meter: _Meter, callbacks: list[StepCallback], m: dict
+) -> str | None:
+    """Why to stop after this step (the same answer on every rank), or None."""
+    limit = ts.cfg.train.max_wall_s
+    asked = [bool(cb(ts, m)) for cb in callbacks]  # every callback sees every step
+    local = flag.signal is not None or (limit > 0 and meter.elapsed() > limit) or any(asked)
+    if not any_rank(local, ts.dist, ts.device):
+        return None
+    if any_rank(flag.signal is not None, ts.dist, ts.device):
+        return "signal"
+    return "callback" if any(asked) else "max_wall_s"
+
+
+def _fit(
+    ts: TrainState,
+    cfg: RunConfig,
+    progress: bool | None,
+    quiet: bool,
+    callbacks: list[StepCallback],
+) -> dict[str, Any]:
+    log = _RunLog(ts, cfg, progress, quiet)
+    flag = _StopFlag()
+    old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
+    meter = _Meter(ts, cfg)
+    tc = cfg.train
+    last: dict[str, Any] = {}
+    try:
+        while ts.step < tc.steps:
+            m = train_step(ts)
+            meter.add(m)
+            log.step(m)
+            if ts.step % tc.log_every == 0 or ts.step == tc.steps:
+                meter.fill(m)
+                if tc.eval_every and ts.step % tc.eval_every == 0:
+                    m.update(evaluate_loss(ts))
+                log.write(m, ts.step)
+            last = m
+            if tc.ckpt_every and ts.step % tc.ckpt_every == 0:
+                save(ts)
+            reason = _stop_reason(ts, flag, meter, callbacks, m)
+            if reason is not None:
+                save(ts)
+                last["stopped"] = reason
+                if reason == "signal":
+                    last["signal"] = flag.signal or signal.SIGTERM
+                if not quiet and ts.dist.is_main:
+                    why = f"signal {last['signal']}" if reason == "signal" else reason
+                    print(f"{why}: checkpoint written at step {ts.step}", file=sys.stderr)
+                return last
+        final = evaluate_loss(ts)
+        last.update(final)
+        log.write({"step": ts.step, **final}, ts.step)
+        save(ts)
+    finally:
+        log.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return last
