@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from looplm.device import DEVICES
-from looplm.model.halting_rules import halting_names
+from looplm.model.halting_rules import RuleNames
 from looplm.settings import setting
 
 # the stopping rules (:mod:`looplm.model.halting_rules`): maxtoken, kl, gate, router
-RULES = halting_names(evaluation=True)
+RULES = RuleNames(evaluation=True)
 DEFAULT_RULES = ("maxtoken", "kl", "router")  # gate: only models with a learned exit gate (Ouro)
 DEFAULT_CEILING = 48  # the loop ceiling C
 DEFAULT_BUDGETS = (8, 16, 24)  # maxtoken: calibrated mean depths

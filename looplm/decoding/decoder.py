@@ -67,7 +67,7 @@ from torch import nn
 from looplm.errors import LoopLMError
 from looplm.model.block import KVCache
 from looplm.model.halting import TokenHalting
-from looplm.model.halting_rules import RENAMED, decoding_rule, halting_names, halting_rule
+from looplm.model.halting_rules import RENAMED, RuleNames, decoding_rule, halting_rule
 
 __all__ = [
     "HALT_RULES",
@@ -84,7 +84,7 @@ __all__ = [
 ]
 
 # "none" and the rules decoding can use (:mod:`looplm.model.halting_rules`)
-HALT_RULES = ("none", *halting_names(decoding=True))
+HALT_RULES = RuleNames(extra=("none",), decoding=True)
 
 
 @dataclass(frozen=True)

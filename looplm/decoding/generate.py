@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.model.halting_rules import RENAMED, halting_names
+from looplm.model.halting_rules import RENAMED, RuleNames
 from looplm.settings import setting
 
 PROMPT_KEYS = ("prompt", "max_new", "temperature", "top_k", "seed")
 # per-token halting rules of decoding (:mod:`looplm.model.halting_rules`), and old names
-HALTS = ("none", *halting_names(decoding=True), *RENAMED)
+HALTS = RuleNames(extra=("none",), suffix=tuple(RENAMED), decoding=True)
 
 
 @dataclass
@@ -28,7 +28,7 @@ class GenerateSettings:
     """Decoding: depth, halting, sampling, and (for a prompt file) batching."""
 
     loops: int = setting(8, lo=1, loops=True, what="the loop depth T")  # loop depth T
-    # allow --loops above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one
+    # the largest loop depth accepted (default: the usual ceiling, 256, or $LOOPLM_MAX_LOOPS)
     max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
     # tokens to generate (printed as they are made; Ctrl-C stops)
     max_new: int = setting(32, lo=1)

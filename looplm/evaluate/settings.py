@@ -32,7 +32,7 @@ class EvalSettings:
 
     # loop depths, comma-separated or as ranges (1-48)
     depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, loops=True, parse=parse_depths)
-    # allow depths above the usual ceiling (256, or $LOOPLM_MAX_LOOPS) up to this one
+    # the largest loop depth accepted (default: the usual ceiling, 256, or $LOOPLM_MAX_LOOPS)
     max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
     dataset: str | None = None  # evaluate on another dataset (held-out transfer)
     split: str | None = None  # evaluation split (default: the run's eval split)

@@ -79,15 +79,33 @@ HALTING_RULES: Registry[HaltingRule] = Registry("halting rule", "looplm.halting"
 
 
 def halting_names(
-    *, decoding: bool | None = None, evaluation: bool | None = None
+    *, decoding: bool | None = None, evaluation: bool | None = None, plugins: bool = True
 ) -> tuple[str, ...]:
-    """Registered rule names (in registration order), those usable where asked."""
+    """Registered rule names (in registration order), those usable where asked (``plugins=False``:
+    without importing plugin modules)."""
     return tuple(
         name
-        for name, cls in HALTING_RULES.items().items()
+        for name, cls in HALTING_RULES.items(plugins=plugins).items()
         if (decoding is None or cls.decoding == decoding)
         and (evaluation is None or cls.evaluation == evaluation)
     )
+
+
+class RuleNames(tuple):
+    """The names of a settings field's ``choices``, made at import time: iterating gives the
+    rules registered so far (and ``extra`` / ``suffix``) without importing plugins, so the command
+    line starts light and a plugin module may import the settings; asking whether a name is
+    allowed also asks the plugins' rules."""
+
+    where: dict[str, bool]
+
+    def __new__(cls, *, extra: tuple[str, ...] = (), suffix: tuple[str, ...] = (), **where: bool):
+        self = super().__new__(cls, (*extra, *halting_names(plugins=False, **where), *suffix))
+        self.where = where
+        return self
+
+    def __contains__(self, name: object) -> bool:
+        return tuple.__contains__(self, name) or name in halting_names(**self.where)
 
 
 _noted: set[str] = set()

@@ -110,7 +110,7 @@ def add_options(p: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] 
             continue
         names = [flag(f.name), *meta.get("flags", ())]
         required = default is dataclasses.MISSING
-        if not required and default is not None and "default" not in text:
+        if not required and default is not None and "(default" not in text:
             text = f"{text} (default: {_shown(default)})"
         kw: dict[str, Any] = {"dest": f.name, "help": text.replace("%", "%%")}
         if typ is bool:

@@ -53,9 +53,10 @@ class Registry(Generic[T]):
         self._items[name] = cls
         return cls
 
-    def items(self) -> dict[str, type[T]]:
-        """Every registered class by name (plugins loaded)."""
-        if not self._plugins_loaded:
+    def items(self, *, plugins: bool = True) -> dict[str, type[T]]:
+        """Every registered class by name (plugins loaded; ``plugins=False``: only those
+        registered so far, without importing any plugin — for lists made at import time)."""
+        if plugins and not self._plugins_loaded:
             self._plugins_loaded = True
             load_plugins(self.group)
         return self._items

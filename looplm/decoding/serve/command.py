@@ -1,18 +1,19 @@
 """`looplm serve CHECKPOINT`: an OpenAI-compatible HTTP server (completions, chat, streaming,
 metrics) over continuous batching with per-token adaptive depth. All logic is in
-:mod:`looplm.decoding.serve`; the options are :class:`~looplm.decoding.serve.settings.ServeSettings`' fields."""
+:mod:`looplm.decoding.serve`; the options are made from :class:`~looplm.decoding.serve.settings.ServeSettings`."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
+
+from looplm.decoding.serve.settings import ServeSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = (ServeSettings,)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from looplm.decoding.serve.settings import ServeSettings
-    from looplm.settings import field_comments
-
     p = sub.add_parser(
         "serve",
         help="serve a checkpoint over OpenAI's HTTP API (continuous batching, adaptive depth)",
@@ -21,29 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prefill_halt choose the depth per request; the options below are the defaults and "
         "limits. SIGTERM drains: in-flight requests finish, new ones get 503. See docs/serving.md.",
     )
-    help_ = field_comments(ServeSettings)
-    for f in dataclasses.fields(ServeSettings):
-        if f.name == "checkpoint":
-            p.add_argument("checkpoint", help=help_[f.name])
-        elif f.type in ("bool", bool):
-            p.add_argument(f"--{f.name.replace('_', '-')}", action="store_true", help=help_[f.name])
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            p.add_argument(
-                f"--{f.name.replace('_', '-')}",
-                type=kind,
-                default=f.default,
-                help=f"{help_[f.name]} (default: {f.default})",
-            )
+    p.add_argument("serve_checkpoint", metavar="CHECKPOINT", help="checkpoint folder to serve")
+    add_options(p, ServeSettings)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from looplm.decoding.serve.app import Server, load_state
-    from looplm.decoding.serve.settings import ServeSettings
 
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServeSettings)}
-    state = load_state(ServeSettings(**values))
+    state = load_state(from_args(ServeSettings, args, checkpoint=args.serve_checkpoint))
     server = Server(state)
     s = state.settings
 

@@ -1,18 +1,19 @@
-"""The server's settings: one dataclass, read by ``looplm serve``'s options and documented from
-the comment on each field (:func:`looplm.settings.field_comments`)."""
+"""The server's settings: one dataclass; ``looplm serve``'s options are made from it
+(:mod:`looplm.settings.options`), its ranges checked by the settings machinery, each field
+documented by the comment on its line."""
 
 from __future__ import annotations
 
 import ipaddress
-import math
 from dataclasses import dataclass
 
 from looplm.errors import LoopLMError
-from looplm.model.halting_rules import RENAMED, halting_names
+from looplm.model.halting_rules import RENAMED, RuleNames
+from looplm.settings import check_fields, setting
 
 # halt values a request may send: none and the decoding rules of looplm.model.halting_rules (kl,
 # update, gate), plus maxtoken, update's old name (accepted for one release)
-HALT_NAMES = ("none", *halting_names(decoding=True), *RENAMED)
+HALT_NAMES = RuleNames(extra=("none",), suffix=tuple(RENAMED), decoding=True)
 CHAT_TEMPLATES = ("none", "plain")
 
 
@@ -20,64 +21,52 @@ CHAT_TEMPLATES = ("none", "plain")
 class ServeSettings:
     """``looplm serve CHECKPOINT``: where it listens, its defaults and its limits."""
 
-    checkpoint: str = ""  # checkpoint folder to serve (e.g. runs/x/ckpt)
+    # checkpoint folder to serve (e.g. runs/x/ckpt; the command line's positional argument)
+    checkpoint: str = setting("", cli=False)
     host: str = "127.0.0.1"  # address to listen on (loopback by default; 0.0.0.0 exposes it)
-    port: int = 8000  # TCP port (0: any free port, printed at start)
+    port: int = setting(8000, lo=0, hi=65535)  # TCP port (0: any free port, printed at start)
     model_name: str = ""  # the model id in /v1/models and responses (default: the folder name)
-    slots: int = 8  # sequences decoded together; memory is bounded by slots x context
-    max_queue: int = 64  # requests waiting for a slot; one more is answered 429 with Retry-After
-    loops: int = 0  # default loop depth T of a request (0: the checkpoint's training depth)
-    max_loops: int = 64  # largest loop depth a request may ask for
-    halt: str = "none"  # default halting rule: none | kl | update | gate (Ouro's)
-    threshold: float = 0.0  # default halting threshold (0 never halts)
+    # sequences decoded together; memory is bounded by slots x context
+    slots: int = setting(8, lo=1, hi=4096)
+    # requests waiting for a slot; one more is answered 429 with Retry-After
+    max_queue: int = setting(64, lo=0, hi=1_000_000)
+    # default loop depth T of a request (0: the checkpoint's training depth)
+    loops: int = setting(0, lo=0, hi=10_000)
+    # the largest loop depth accepted (a request asking for more is answered 400)
+    max_loops: int = setting(64, lo=1, hi=10_000)
+    # default halting rule: none | kl | update | gate (Ouro's); maxtoken: the old name of update
+    halt: str = setting("none", choices=HALT_NAMES)
+    threshold: float = setting(0.0, lo=0)  # default halting threshold (0 never halts)
     prefill_halt: bool = False  # default: prompt tokens halt by the same rule too
-    max_tokens: int = 256  # default number of tokens to generate when a request gives none
-    max_tokens_limit: int = 2048  # largest max_tokens a request may ask for
-    max_n: int = 4  # largest n (completions per request)
-    max_logprobs: int = 5  # largest logprobs (alternatives per token)
-    slide: int = 1  # tokens the window advances when generation passes the context
-    request_timeout: float = 120.0  # seconds a request may take, queue wait included (then 504)
-    drain_timeout: float = 30.0  # on SIGTERM, seconds in-flight requests get to finish
+    # default number of tokens to generate when a request gives none
+    max_tokens: int = setting(256, lo=1, hi=1_000_000)
+    # largest max_tokens a request may ask for
+    max_tokens_limit: int = setting(2048, lo=1, hi=1_000_000)
+    max_n: int = setting(4, lo=1, hi=128)  # largest n (completions per request)
+    max_logprobs: int = setting(5, lo=0, hi=100)  # largest logprobs (alternatives per token)
+    # tokens the window advances when generation passes the context
+    slide: int = setting(1, lo=1, hi=1_000_000)
+    # seconds a request may take, queue wait included (then 504)
+    request_timeout: float = setting(120.0, lo=0)
+    drain_timeout: float = setting(
+        30.0, lo=0
+    )  # on SIGTERM, seconds in-flight requests get to finish
     # chat prompt format: none (chat answers 400) | plain (documented User:/Assistant: turns)
-    chat_template: str = "none"
-    threads: int = 0  # torch CPU threads (0: torch's default)
+    chat_template: str = setting("none", choices=CHAT_TEMPLATES)
+    threads: int = setting(0, lo=0, hi=1024)  # torch CPU threads (0: torch's default)
 
     def validate(self) -> None:
-        """Ranges and choices; a :class:`LoopLMError` naming the setting otherwise."""
+        """Ranges and choices (the settings machinery's checks, for an instance built directly
+        in Python too), then what relates two fields; a :class:`LoopLMError` naming the setting."""
+        check_fields(self)
         try:
             ipaddress.ip_address(self.host)
         except ValueError:
             if self.host != "localhost":
                 raise LoopLMError(f"host={self.host!r} is not an IP address") from None
-        ints = {
-            "port": (self.port, 0, 65535),
-            "slots": (self.slots, 1, 4096),
-            "max_queue": (self.max_queue, 0, 1_000_000),
-            "loops": (self.loops, 0, 10_000),
-            "max_loops": (self.max_loops, 1, 10_000),
-            "max_tokens": (self.max_tokens, 1, 1_000_000),
-            "max_tokens_limit": (self.max_tokens_limit, 1, 1_000_000),
-            "max_n": (self.max_n, 1, 128),
-            "max_logprobs": (self.max_logprobs, 0, 100),
-            "slide": (self.slide, 1, 1_000_000),
-            "threads": (self.threads, 0, 1024),
-        }
-        for name, (value, lo, hi) in ints.items():
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise LoopLMError(f"{name}={value!r} must be an integer in [{lo}, {hi}]")
         if self.max_tokens > self.max_tokens_limit:
             raise LoopLMError(
                 f"max_tokens={self.max_tokens} is above max_tokens_limit={self.max_tokens_limit}"
             )
-        if self.halt not in HALT_NAMES:
-            raise LoopLMError(f"halt={self.halt!r}; allowed: {', '.join(HALT_NAMES)}")
-        if self.chat_template not in CHAT_TEMPLATES:
-            raise LoopLMError(
-                f"chat_template={self.chat_template!r}; allowed: {', '.join(CHAT_TEMPLATES)}"
-            )
-        for name in ("threshold", "request_timeout", "drain_timeout"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise LoopLMError(f"{name}={value!r} must be a finite number >= 0")
         if self.request_timeout <= 0:
             raise LoopLMError(f"request_timeout={self.request_timeout!r} must be > 0")
