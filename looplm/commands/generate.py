@@ -1,5 +1,5 @@
 """`looplm generate CHECKPOINT --prompt TEXT`: continue a prompt with a KV-cached looped model,
-at a fixed loop depth or with per-token adaptive depth (``--halt kl|maxtoken --threshold X``).
+at a fixed loop depth or with per-token adaptive depth (``--halt kl|update|gate --threshold X``).
 
 `looplm generate CHECKPOINT --prompts FILE`: many prompts (one per line, or JSONL with per-prompt
 settings) streamed through ``--slots`` batch slots (continuous batching, :mod:`looplm.decoding.batching`);
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--prompts",
         metavar="FILE",
         help="many prompts: one per line, or a .jsonl file of objects with prompt and optionally "
-        "max_new, temperature, top_k, seed (defaults: the options below)",
+        "max_tokens, temperature, top_k, seed (defaults: the options below)",
     )
     add_options(p, GenerateSettings)
     p.set_defaults(func=run)

@@ -18,7 +18,7 @@ from looplm.errors import LoopLMError
 from looplm.model.halting_rules import RENAMED, RuleNames
 from looplm.settings import setting
 
-PROMPT_KEYS = ("prompt", "max_new", "temperature", "top_k", "seed")
+PROMPT_KEYS = ("prompt", "max_tokens", "temperature", "top_k", "seed")
 # per-token halting rules of decoding (:mod:`looplm.model.halting_rules`), and old names
 HALTS = RuleNames(extra=("none",), suffix=tuple(RENAMED), decoding=True)
 
@@ -30,8 +30,8 @@ class GenerateSettings:
     loops: int = setting(8, lo=1, loops=True, what="the loop depth T")  # loop depth T
     # the largest loop depth accepted (default: the usual ceiling, 256, or $LOOPLM_MAX_LOOPS)
     max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
-    # tokens to generate (printed as they are made; Ctrl-C stops)
-    max_new: int = setting(32, lo=1)
+    # tokens to generate (printed as they are made; Ctrl-C stops); --max-new: its old name
+    max_tokens: int = setting(32, lo=1, renamed=("max_new",))
     temperature: float = setting(0.0, lo=0)  # 0: greedy
     top_k: int | None = setting(None, lo=1)  # sample among the k most likely (default: all)
     seed: int = setting(0, lo=0)  # seed of the sampler
@@ -71,7 +71,7 @@ def generate_text(model: Any, tok: Any, prompt: str, s: GenerateSettings) -> str
     out = decode(
         model,
         ids,
-        s.max_new,
+        s.max_tokens,
         loops=s.loops,
         halt=s.halt,
         threshold=s.threshold or 0.0,
@@ -94,7 +94,7 @@ def generate_text(model: Any, tok: Any, prompt: str, s: GenerateSettings) -> str
         )
         if out.prompt_loops is not None:
             depth += f", prompt {out.prompt_loops.double().mean():.2f}"
-    return f"[{s.max_new} tokens at {depth} in {dt:.2f} s, cache={'on' if s.cache else 'off'}]"
+    return f"[{s.max_tokens} tokens at {depth} in {dt:.2f} s, cache={'on' if s.cache else 'off'}]"
 
 
 def read_prompts(path: str, defaults: dict, tok) -> tuple[list[str], list]:
@@ -118,6 +118,9 @@ def read_prompts(path: str, defaults: dict, tok) -> tuple[list[str], list]:
                 raise LoopLMError(f"{path}:{n}: not JSON ({exc.msg})") from None
             if not isinstance(item, dict) or "prompt" not in item:
                 raise LoopLMError(f"{path}:{n}: expected an object with a 'prompt'")
+            if "max_new" in item and "max_tokens" not in item:  # the old name, for one release
+                print(f"note: {path}:{n}: 'max_new' is now 'max_tokens'", file=sys.stderr)
+                item["max_tokens"] = item.pop("max_new")
             unknown = sorted(set(item) - set(PROMPT_KEYS))
             if unknown:
                 raise LoopLMError(
@@ -131,7 +134,8 @@ def read_prompts(path: str, defaults: dict, tok) -> tuple[list[str], list]:
         if not ids:
             raise LoopLMError(f"{path}:{n}: the prompt is empty")
         try:
-            requests.append(Request(tuple(ids), **settings))
+            max_new = settings.pop("max_tokens")
+            requests.append(Request(tuple(ids), max_new=max_new, **settings))
         except TypeError as exc:
             raise LoopLMError(f"{path}:{n}: {exc}") from None
         except LoopLMError as exc:
@@ -150,7 +154,7 @@ def generate_file(model: Any, tok: Any, path: str, s: GenerateSettings) -> str:
     from looplm.progress import progress_enabled
 
     defaults = {
-        "max_new": s.max_new,
+        "max_tokens": s.max_tokens,
         "temperature": s.temperature,
         "top_k": s.top_k,
         "seed": s.seed,

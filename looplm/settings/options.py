@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import math
 import typing
+from argparse import SUPPRESS
 from typing import Any
 
 from looplm.errors import LoopLMError
@@ -126,6 +127,8 @@ def add_options(p: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] 
         else:
             kw["metavar"] = {int: "N", float: "X"}.get(typ, "TEXT")
         p.add_argument(*names, required=required, **kw)
+        for old in meta.get("renamed", ()):  # an old name: accepted for one release, with a note
+            p.add_argument(flag(old), dest=f.name, action=_Renamed, new=names[0], help=SUPPRESS)
     if capped and "--allow-large" not in p._option_string_actions:  # once per command
         p.add_argument(
             "--allow-large",
@@ -133,6 +136,21 @@ def add_options(p: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] 
             action="store_true",
             help="accept values above a setting's usual cap (loop depths, steps, samples)",
         )
+
+
+class _Renamed(argparse.Action):
+    """An option's old name: stores the value under the new one and says so on stderr."""
+
+    def __init__(self, *args: Any, new: str, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import sys
+
+        print(f"note: {option_string} is now {self.new} (the old name goes in a later release)",
+              file=sys.stderr)  # fmt: skip
+        setattr(namespace, self.dest, values)
 
 
 def _default(f: dataclasses.Field) -> Any:
