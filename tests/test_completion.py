@@ -13,7 +13,7 @@ import torch
 from looplm.data.corpora import LambadaExample, lambada_examples
 from looplm.data.tokenizers import get_tokenizer
 from looplm.errors import LoopLMError
-from looplm.evaluate.completion import lambada_batches, lambada_items, lambada_sweep
+from looplm.lambada.completion import lambada_batches, lambada_items, lambada_sweep
 from looplm.model import build_model
 from looplm.settings.config import load_config
 

@@ -334,7 +334,7 @@ def test_phi_fits_are_memoised_by_their_points(tmp_path, monkeypatch):
     def no_refit(*a, **k):
         raise AssertionError("refitted although the memo holds these points")
 
-    monkeypatch.setattr("looplm.results.scaling.bootstrap_records", no_refit)
+    monkeypatch.setattr("looplm.scaling.fit.bootstrap_records", no_refit)
     again = grid_findings("phi", data=tmp_path)
     assert again.fits is None and again.block() == first.block()
     recs[0].sum_nll *= 1.01  # one changed row: its method is refitted

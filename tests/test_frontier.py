@@ -12,12 +12,12 @@ import torch.nn.functional as F
 
 import looplm
 from looplm.errors import LoopLMError
-from looplm.evaluate.frontier import (
+from looplm.frontier.measure import (
     frontier_accuracy,
     propagation_steps,
     propagation_summary,
 )
-from looplm.results.frontier import (
+from looplm.frontier.section import (
     accuracy_grid,
     climb_shape,
     climb_table,
@@ -55,7 +55,7 @@ def test_frontier_rows_match_a_direct_evaluation_per_depth() -> None:
     rows = frontier_accuracy(model, "graph_nodes", [1, 3], [2, 4], n_examples=20, batch_size=8)
     assert [(r["difficulty"], r["depth"]) for r in rows] == [(2, 1), (2, 3), (4, 1), (4, 3)]
     # the same examples scored one depth at a time by a plain forward give the same counts and NLL
-    from looplm.evaluate.frontier import _batches
+    from looplm.frontier.measure import _batches
 
     for r in rows:
         c = n = 0
@@ -83,7 +83,7 @@ def test_frontier_and_propagation_refuse_bad_input() -> None:
     ).eval()
     with pytest.raises(LoopLMError, match="model.attention=adjacency.*'causal'"):
         propagation_steps(causal, [2], 4, n_examples=4)
-    from looplm.evaluate.kinds.frontier import Frontier, Propagation
+    from looplm.frontier.kind import Frontier, Propagation
 
     with pytest.raises(LoopLMError, match=r"evaluate.frontier.n_examples=-3 must be"):
         Frontier.configure({"frontier": {"depths": [1], "difficulties": [1], "n_examples": -3}})
@@ -146,7 +146,7 @@ def _rec(method, seed, d, T, c, n=100, **extra):
 
 
 def test_reports_refuse_mixed_grids_and_skip_fixed_depth_climbs() -> None:
-    from looplm.results.frontier import _train_range
+    from looplm.frontier.section import _train_range
 
     recs = [_rec("gated", 0, 1, T, 60 + 10 * T) for T in (1, 2, 4)]
     twin = dataclasses.replace(recs[1], model_hash="other", eval_tag="cap=9ex")

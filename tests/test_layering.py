@@ -21,7 +21,7 @@ FLOORS = (
     ("settings",),
     ("model", "data", "results"),
     ("training", "evaluate", "decoding"),
-    ("adaptive", "diagnostics", "lens"),
+    ("adaptive", "diagnostics", "frontier", "lambada", "lens", "scaling", "transfer"),
     ("experiments",),
     ("commands",),
     ("cli",),

@@ -17,7 +17,7 @@ from conftest import require_data  # noqa: E402
 from looplm.data import get_tokenizer  # noqa: E402
 from looplm.data.corpora import lambada_examples  # noqa: E402
 from looplm.decoding.lmeval import LAMBADA_TASK, evaluate_lambada_local, lambada_task  # noqa: E402
-from looplm.evaluate.completion import lambada_items, lambada_sweep  # noqa: E402
+from looplm.lambada.completion import lambada_items, lambada_sweep  # noqa: E402
 from looplm.model import model_from_config  # noqa: E402
 from looplm.model.checkpoint import save_checkpoint  # noqa: E402
 from looplm.settings.config import load_config  # noqa: E402

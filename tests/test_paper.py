@@ -514,7 +514,7 @@ def test_kl_halting_depth_at_depth8_quality_reads_every_threshold_of_a_seed() ->
 def test_transfer_entries_take_split_counts_for_small_samples() -> None:
     """A transfer entry's `counts` (documents of a contiguous OpenWebText / C4 split) reach the
     sweep and its eval tag, so a small local sample can be split; bad counts are one error."""
-    from looplm.evaluate.kinds.transfer import Transfer
+    from looplm.transfer.kind import Transfer
 
     ev = {
         "depths": [8],

@@ -258,7 +258,7 @@ def test_pretrained_lm_eval_log_likelihoods_are_looplm_nll(imported, family, tmp
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install '.[test]')")
     from looplm.data.corpora import lambada_examples
     from looplm.decoding.lmeval import LAMBADA_TASK, evaluate_lambada_local
-    from looplm.evaluate.completion import lambada_items, lambada_sweep
+    from looplm.lambada.completion import lambada_items, lambada_sweep
     from looplm.model.checkpoint import load_checkpoint
 
     _, ckpt = imported

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from looplm.errors import LoopLMError
-from looplm.results.scaling import fit_records, fit_recurrence_scaling, scaling_points
 from looplm.results.store import EvalRecord
+from looplm.scaling.fit import fit_records, fit_recurrence_scaling, scaling_points
 
 TRUE = {"E": 1.8, "A": 300.0, "alpha": 0.30, "B": 600.0, "beta": 0.30, "phi": 0.46}
 
@@ -115,7 +115,7 @@ def test_points_from_store_records():
 
 @pytest.mark.parametrize("phi", [0.38, 0.65])
 def test_bootstrap_interval_covers_a_simulated_phi(phi):
-    from looplm.results.scaling import bootstrap_interval
+    from looplm.scaling.fit import bootstrap_interval
 
     params = dict(TRUE, phi=phi)
     data = iso_depth_sweep(params, noise=0.003, seed=11)

@@ -29,7 +29,7 @@ exactly once in disjoint windows (the first token is predicted from end-of-text)
 the ``json`` dataset builder) and :func:`evaluate_lambada_local` runs ``lm_eval.simple_evaluate``
 on it with ``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1`` and only that task folder indexed, so
 nothing is downloaded. Tested: the per-example log-likelihoods lm-eval records equal looplm's own
-LAMBADA NLL (:mod:`looplm.evaluate.completion`) on the same passages. One known difference:
+LAMBADA NLL (:mod:`looplm.lambada.completion`) on the same passages. One known difference:
 lm-eval's ``lambada_openai`` takes the target after the last *space*, looplm after the last
 whitespace; the two differ on 7 of the 5,153 passages (a newline before the last word, e.g. #426).
 """

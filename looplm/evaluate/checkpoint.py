@@ -17,13 +17,10 @@ def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool = Tr
     from looplm.evaluate.records import eval_tag
 
     s = settings
-    if s.lambada:
-        from looplm.evaluate.completion import evaluate_lambada_checkpoint
+    if s.lambada:  # the LAMBADA analysis, found through the kinds' registry
+        from looplm.evaluate.kinds import get_kind
 
-        result = evaluate_lambada_checkpoint(
-            checkpoint, s.lambada, s.depths, max_examples=s.max_examples,
-            batch_size=s.batch_size, device=s.device, progress=progress,
-        )  # fmt: skip
+        result = get_kind("lambada").evaluate_checkpoint(checkpoint, s, progress=progress)
         return result, result.pop("config"), eval_tag(s.tag, max_examples=s.max_examples)
     from looplm.evaluate import evaluate_checkpoint
     from looplm.model.checkpoint import read_meta

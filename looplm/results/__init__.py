@@ -23,7 +23,6 @@ __all__ = [
     "paired_deltas",
     "write_report",
     "write_supplement",
-    "fit_recurrence_scaling",
 ]
 
 __getattr__ = lazy_attributes(
@@ -34,6 +33,5 @@ __getattr__ = lazy_attributes(
         "paired_deltas": "looplm.results.stats",
         "write_report": "looplm.results.report",
         "write_supplement": "looplm.results.supplement",
-        "fit_recurrence_scaling": "looplm.results.scaling",
     },
 )

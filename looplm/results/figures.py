@@ -14,7 +14,6 @@ import numpy as np
 
 from looplm.errors import LoopLMError
 from looplm.results.plotting import log2_depth_axis, new_figure, save_png
-from looplm.results.scaling import ScalingFit
 
 
 def choose_ppl_shift(low: float, high: float) -> float:
@@ -301,44 +300,3 @@ def plot_adaptive(
     fig.legend(fontsize=7, frameon=False, loc="outside right upper")
     save_png(fig, path)
     return shift
-
-
-def plot_scaling(
-    fit: ScalingFit, points: dict[str, np.ndarray], path: str | os.PathLike, *, title: str = ""
-) -> None:
-    """Scaling-fit figure: (left) ``L − B·D^−β`` vs ``N_once + r^φ N_rec`` with the fitted
-    ``E + A·N^−α`` curve, points coloured by r; (right) predicted vs observed loss."""
-    fig, (ax1, ax2) = _new_figure((10.0, 4.2), ncols=2)
-    r, once, rec, d, y = (points[k] for k in ("r", "n_once", "n_rec", "d", "loss"))
-    n_eff = fit.effective_params(r, once, rec)
-    y_adj = y - fit.B * d ** (-fit.beta)
-    rs = sorted(set(r.tolist()))
-    for i, rv in enumerate(rs):
-        sel = r == rv
-        ax1.scatter(n_eff[sel], y_adj[sel], s=22, color=f"C{i}", label=f"r = {rv:g}", zorder=3)
-        pred = fit.predict(r[sel], once[sel], rec[sel], d[sel])
-        ax2.scatter(pred, y[sel], s=22, color=f"C{i}", label=f"r = {rv:g}", zorder=3)
-    grid = np.geomspace(n_eff.min() / 1.2, n_eff.max() * 1.2, 200)
-    ax1.plot(grid, fit.E + fit.A * grid ** (-fit.alpha), color="black", lw=1.2, label="fit")
-    from matplotlib.ticker import NullFormatter
-
-    ax1.set_xscale("log")
-    ax1.xaxis.set_minor_formatter(NullFormatter())
-    ax1.set_xlabel(r"effective parameters $N_\mathrm{once} + r^{\varphi} N_\mathrm{rec}$")
-    ax1.set_ylabel(r"loss $-\ B\,D^{-\beta}$  (nats)")
-    ax1.set_title(f"φ = {fit.phi:.3f}, α = {fit.alpha:.3f}, E = {fit.E:.3f}", fontsize=10)
-    ax1.legend(fontsize=8, frameon=False)
-    ax1.grid(True, color="0.9", lw=0.6)
-    lo = float(min(y.min(), fit.predict(r, once, rec, d).min()))
-    hi = float(max(y.max(), fit.predict(r, once, rec, d).max()))
-    pad = 0.03 * (hi - lo or 1.0)
-    ax2.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.5", lw=1, ls="--")
-    ax2.set_xlim(lo - pad, hi + pad)
-    ax2.set_ylim(lo - pad, hi + pad)
-    ax2.set_xlabel("predicted loss (nats)")
-    ax2.set_ylabel("observed loss (nats)")
-    ax2.set_title(f"RMSE(log L) = {fit.rmse_log:.2g}, {fit.n_points} points", fontsize=10)
-    ax2.grid(True, color="0.9", lw=0.6)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    save_png(fig, path)

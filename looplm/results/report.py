@@ -19,7 +19,8 @@
 Sections (:mod:`looplm.results.sections`): every record goes to the section of the evaluation
 kind that wrote it (fixed-depth, transfer, LAMBADA and diagnostics rows: the depth tables here;
 adaptive rows: :mod:`looplm.adaptive.section`; frontier and propagation rows:
-:mod:`looplm.results.frontier`; scaling rows: the φ fit here; a plugin kind: its own section).
+:mod:`looplm.frontier.section`; scaling rows: :mod:`looplm.scaling.section`; a plugin kind: its
+own section).
 Grouping rules (:mod:`looplm.results.tables`): rows are (method, model_hash); when a method has
 several model hashes in one table the row label carries the short hash. Methods named
 ``unshared*`` are absolute references and are not bolded (as in the paper), unless they are the
@@ -44,9 +45,7 @@ from looplm.results.figures import (
     Series,
     plot_accuracy_response,
     plot_depth_response,
-    plot_scaling,
 )
-from looplm.results.scaling import bootstrap_records, fit_records, scaling_points
 from looplm.results.sections import (
     ReportContext,
     ReportSection,
@@ -72,7 +71,6 @@ from looplm.results.tables import (
 from looplm.settings import build_settings
 
 CONTEXT_FIELDS = (*ROW_CONTEXT, "calibration")
-PHI_BOOT = 200  # bootstrap resamples for φ's interval
 
 
 # --------------------------------------------------------------------------- the report
@@ -333,68 +331,6 @@ class DepthSection(ReportSection):
             f"| {md_escape(label)} | {pd.depth}{tmark} | {pd.n} | {mean} ± {hw} | {boot} | "
             f"{','.join(map(str, pd.seeds))} |"
         )
-
-
-@register_section
-class ScalingSection(ReportSection):
-    """The recurrence scaling-law fit (φ with its bootstrap interval) per method and sweep."""
-
-    name = "scaling"
-    kinds = ("scaling",)
-    order = 30
-    json_keys = ("scaling",)
-
-    def write(self, records: list[EvalRecord]) -> None:
-        self._scaling_section(records)
-
-    def _scaling_section(self, recs: list[EvalRecord]) -> None:
-        self.report.md += [
-            "## Recurrence scaling law (the recurrence-equivalence exponent φ)",
-            "",
-            "L = E + A·(N_once + r^φ·N_rec)^−α + B·D^−β, fitted in log space (Huber, "
-            "multiple starts); L is the token-weighted mean NLL (nats). φ's interval: 95% "
-            f"percentile bootstrap over {PHI_BOOT} resamples of the sweep points.",
-            "",
-            "| Method | context | points | φ | φ 95% CI | E | A | α | B | β | RMSE(log L) |",
-            "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        notes = []
-        fields = ("method",) + ROW_CONTEXT
-        groups: dict[tuple, list[EvalRecord]] = {}
-        for rec in recs:  # one fit per method over every training variant of a sweep
-            sweep = rec.extra.get("sweep_protocol") or rec.protocol
-            key = (rec.method, sweep, rec.dataset, rec.split, rec.eval_tag)
-            groups.setdefault(key, []).append(rec)
-        for key, grp in sorted(groups.items()):
-            ctx = dict(zip(fields, key))
-            ctx_text = context_title({k: v for k, v in ctx.items() if k != "method"})
-            try:
-                fit = fit_records(grp)
-            except LoopLMError as exc:
-                notes.append(f"- `{ctx['method']}` ({ctx_text}): no fit — {exc}")
-                self.report.json["scaling"].append({"context": ctx, "error": str(exc)})
-                continue
-            try:
-                ci = bootstrap_records(grp, fit=fit, n_boot=PHI_BOOT, seed=self.report.boot_seed)
-                ci_text, ci_json = f"[{ci.low:.3f}, {ci.high:.3f}]", ci.to_dict()
-            except LoopLMError as exc:
-                ci_text, ci_json = "–", {"error": str(exc)}
-            self.report.md.append(
-                f"| {md_escape(ctx['method'])} | {md_escape(ctx_text)} | {fit.n_points} | "
-                f"**{fit.phi:.3f}** | {ci_text} | {fit.E:.3f} | {fit.A:.4g} | {fit.alpha:.3f} | "
-                f"{fit.B:.4g} | {fit.beta:.3f} | {fit.rmse_log:.2g} |"
-            )
-            entry: dict[str, Any] = {"context": ctx, "fit": fit.to_dict(), "phi_interval": ci_json}
-            if self.report.make_figures:
-                slug = self.report.unique_slug("scaling", ctx.values())
-                path = self.report.out_dir / "figures" / f"{slug}.png"
-                plain = context_title({k: v for k, v in ctx.items() if k != "method"}, False)
-                plot_scaling(fit, scaling_points(grp), path, title=f"{ctx['method']} — {plain}")
-                self.report.figures.append(path)
-                entry["figure"] = f"figures/{slug}.png"
-                notes.append(f"![scaling fit {ctx['method']}](figures/{slug}.png)")
-            self.report.json["scaling"].append(entry)
-        self.report.md += [""] + notes + [""]
 
 
 def _build(r: ReportContext) -> None:

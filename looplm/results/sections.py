@@ -170,9 +170,7 @@ def difficulty_of(rec: EvalRecord) -> int | None:
 
 def legacy_kind(rec: EvalRecord) -> str:
     """The kind of a record written without one, recognised by its fields."""
-    from looplm.results.scaling import is_scaling_record
-
-    if is_scaling_record(rec):
+    if all(k in rec.extra for k in SCALING_KEYS):  # a scaling-sweep point
         return "scaling"
     if "propagation" in rec.extra:
         return "propagation"
@@ -180,6 +178,9 @@ def legacy_kind(rec: EvalRecord) -> str:
         return "frontier"
     return "adaptive" if rec.adaptive_mode else "fixed"
 
+
+# the fields of a record that is a point of the recurrence scaling fit (looplm.scaling)
+SCALING_KEYS: tuple[str, ...] = ("n_once", "n_rec", "train_tokens")
 
 _SECTIONS: Registry[ReportSection] = Registry("report section", "looplm.evaluations")
 

@@ -47,7 +47,7 @@ Keys of ``extra`` that the statistics and report layers read (all optional; othe
   the report puts the record in that kind's section.
 * ``mean_depth`` (float) — achieved mean active loop depth of an adaptive evaluation.
 * ``n_once``, ``n_rec``, ``train_tokens`` (numbers) and optional ``r`` (recurrence count; defaults
-  to ``depth``) — a point of the recurrence scaling-law sweep (see :mod:`looplm.results.scaling`).
+  to ``depth``) — a point of the recurrence scaling-law sweep (see :mod:`looplm.scaling.fit`).
 * free diagnostics, e.g. ``flops_per_token``, ``wall_clock_s``, ``tokens_per_s``,
   ``peak_mem_bytes``, ``exact_word_correct``.
 

@@ -3,7 +3,7 @@ computed from the grid's rows (see :mod:`looplm.experiments.findings`).
 
 Every accuracy is in percent, pooled by answers over the named difficulties (a frontier row holds
 ``n_correct`` of ``n_examples`` per method, seed, difficulty and T). φ comes from the recurrence
-scaling law fitted to the grid's scaling rows (:mod:`looplm.results.scaling`), its interval a 95%
+scaling law fitted to the grid's scaling rows (:mod:`looplm.scaling.fit`), its interval a 95%
 percentile bootstrap over :data:`PHI_BOOT` resamples of the sweep points (seed 0).
 """
 
@@ -286,9 +286,9 @@ class _Rows:
     def __init__(
         self, records: Sequence[EvalRecord], dataset: str = "", memo: dict | None = None
     ) -> None:
-        from looplm.results.frontier import frontier_records
-        from looplm.results.scaling import is_scaling_record
+        from looplm.frontier.section import frontier_records
         from looplm.results.sections import difficulty_of
+        from looplm.scaling.fit import is_scaling_record
 
         self.counts: dict[str, dict[tuple[int, int, int], tuple[int, int]]] = {}
         for r in frontier_records(records):
@@ -347,7 +347,7 @@ class _Rows:
 
     def phi(self, method: str) -> tuple[float, float, float] | None:
         """(φ, 95% low, 95% high) of ``method``'s scaling rows; None without any."""
-        from looplm.results.scaling import bootstrap_records, fit_records
+        from looplm.scaling.fit import bootstrap_records, fit_records
 
         if method not in self._phi:
             grp = self.scaling.get(method)
@@ -373,7 +373,7 @@ def _points_key(records: Sequence[EvalRecord]) -> str:
     stand for the fit (a changed row changes the key)."""
     import hashlib
 
-    from looplm.results.scaling import scaling_points
+    from looplm.scaling.fit import scaling_points
 
     pts = scaling_points(records)
     rows = sorted(zip(*(pts[k].tolist() for k in ("r", "n_once", "n_rec", "d", "loss"))))
@@ -468,7 +468,7 @@ def _num(x: float) -> str:
 
 
 def _climb(claim: dict[str, Any], rows: _Rows) -> Verdict:
-    from looplm.results.frontier import climb_shape
+    from looplm.frontier.section import climb_shape
 
     chance = float(claim.get("chance", 0.5))
     min_rise = float(claim.get("min_rise", 10)) / 100.0

@@ -1,4 +1,4 @@
-"""LAMBADA last-word completion at several depths (:mod:`looplm.evaluate.completion`)::
+"""LAMBADA last-word completion at several depths (:mod:`looplm.lambada.completion`)::
 
     lambada: {path: lambada, max_examples: 200, depths: [1, 2, 4, 8, 16, 32, 48]}
 
@@ -65,11 +65,22 @@ class Lambada(EvaluationKind):
             protocol=job.protocol,
         )
 
+    @staticmethod
+    def evaluate_checkpoint(checkpoint: str, s: Any, *, progress: bool = True) -> dict[str, Any]:
+        """``looplm eval --lambada PATH``: one checkpoint at the depths of the eval settings
+        ``s`` (:class:`~looplm.evaluate.settings.EvalSettings`)."""
+        from looplm.lambada.completion import evaluate_lambada_checkpoint
+
+        return evaluate_lambada_checkpoint(
+            checkpoint, s.lambada, s.depths, max_examples=s.max_examples,
+            batch_size=s.batch_size, device=s.device, progress=progress,
+        )  # fmt: skip
+
     def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
         from looplm.data.corpora import lambada_examples
         from looplm.data.tokenizers import get_tokenizer
-        from looplm.evaluate.completion import lambada_items, lambada_sweep
         from looplm.evaluate.records import fixed_depth_records
+        from looplm.lambada.completion import lambada_items, lambada_sweep
 
         path = Path(self.settings.path)
         if not path.exists() and job.data_dir:

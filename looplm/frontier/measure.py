@@ -8,7 +8,7 @@
   shortest-path distance from the source: with one hop per loop step a node at distance d cannot be
   known reachable before step d.
 * the climb shape of an accuracy curve lives with the figures, in
-  :func:`looplm.results.frontier.climb_shape` (it reads stored numbers only).
+  :func:`looplm.frontier.section.climb_shape` (it reads stored numbers only).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recurrence-scaling points for the φ fit (:mod:`looplm.results.scaling`)::
+"""Recurrence-scaling points for the φ fit (:mod:`looplm.scaling.fit`)::
 
     scaling: {split: validation, max_tokens: 65536}
 

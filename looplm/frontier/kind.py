@@ -1,4 +1,4 @@
-"""The computational frontier on a synthetic task (:mod:`looplm.evaluate.frontier`)::
+"""The computational frontier on a synthetic task (:mod:`looplm.frontier.measure`)::
 
     frontier: {depths: [1, 2, 4, 8, 16, 32], difficulties: [1, 2, 3, 4, 6, 8], n_examples: 128}
     propagation: {difficulties: [2, 4, 6, 8], max_loops: 16, n_examples: 64}
@@ -109,8 +109,8 @@ class Frontier(EvaluationKind):
         ]
 
     def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
-        from looplm.evaluate.frontier import frontier_accuracy
         from looplm.evaluate.records import fixed_depth_records
+        from looplm.frontier.measure import frontier_accuracy
 
         want = {(i["split"], i["depth"]) for i in todo}
         diffs = sorted({int(s.split("=")[1]) for s, _ in want})
@@ -164,8 +164,8 @@ class Propagation(EvaluationKind):
         )  # fmt: skip
 
     def run(self, job: EvalJob, todo: list[dict[str, Any]]) -> list[Any]:
-        from looplm.evaluate.frontier import propagation_steps, propagation_summary
         from looplm.evaluate.records import fixed_depth_records
+        from looplm.frontier.measure import propagation_steps, propagation_summary
 
         p = propagation_steps(
             job.model(), self.difficulties, self.max_loops, task=_task(job),

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from looplm.errors import LoopLMError
+from looplm.results.sections import SCALING_KEYS
 from looplm.results.store import EvalRecord
 
 PARAM_NAMES: tuple[str, ...] = ("E", "A", "alpha", "B", "beta", "phi")
 _LOG_PARAMS = ("E", "A", "B")  # optimised as logs (positive scale parameters)
-SCALING_KEYS: tuple[str, ...] = ("n_once", "n_rec", "train_tokens")
 
 #: default bounds in natural units
 DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
