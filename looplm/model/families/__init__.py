@@ -28,16 +28,14 @@ from typing import Any
 import torch
 
 from looplm.errors import LoopLMError
-from looplm.model.families.base import Family, load_weights, open_tensors
-from looplm.model.families.hrm_text import HrmTextFamily
-from looplm.model.families.huginn import HuginnFamily
-from looplm.model.families.ouro import OuroFamily
-from looplm.model.families.parcae import ParcaeFamily
+from looplm.model.families.base import FAMILY_CLASSES, Family, load_weights, open_tensors
 from looplm.settings.config import EvalConfig, ModelConfig, RunConfig, TrainConfig
+from looplm.settings.plugins import import_submodules
 
-FAMILIES: dict[str, Family] = {
-    f.name: f for f in (ParcaeFamily(), HuginnFamily(), OuroFamily(), HrmTextFamily())
-}
+# each family module registers its class (their layouts never overlap: each is detected by its
+# own model_type or architecture, so the order does not matter)
+import_submodules(__name__, __path__, skip=("base",))
+FAMILIES: dict[str, Family] = {name: cls() for name, cls in sorted(FAMILY_CLASSES.items().items())}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

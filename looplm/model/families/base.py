@@ -30,6 +30,7 @@ import torch
 
 from looplm.errors import LoopLMError
 from looplm.settings.config import ModelConfig
+from looplm.settings.plugins import Registry
 
 # Keys every Hugging Face ``config.json`` may carry that say nothing about the network (generation
 # defaults, bookkeeping); a family accepts them besides its own.
@@ -109,6 +110,11 @@ class Family:
                 f"{path}: config key {unknown[0]!r} is not part of the {self.name} layout "
                 f"({self.architecture}); looplm cannot tell what it changes"
             )
+
+
+# every family class, registered by name (a new family is one module of this package, found by
+# the package scan, or a plugin module under the ``looplm.families`` entry-point group)
+FAMILY_CLASSES: Registry[Family] = Registry("checkpoint family", "looplm.families")
 
 
 def need(cfg: dict[str, Any], key: str, path: Path | str, allowed: Any = None) -> Any:

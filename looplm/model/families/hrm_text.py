@@ -25,6 +25,7 @@ from typing import Any
 
 from looplm.errors import LoopLMError
 from looplm.model.families.base import (
+    FAMILY_CLASSES,
     Family,
     Weight,
     WeightPlan,
@@ -36,6 +37,7 @@ from looplm.settings.config import ModelConfig
 STACKS = ("L_module", "H_module")  # looplm's core: the low-level layers first
 
 
+@FAMILY_CLASSES.register
 class HrmTextFamily(Family):
     name = "hrm_text"
     architecture = "HrmTextForCausalLM"

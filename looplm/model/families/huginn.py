@@ -14,10 +14,18 @@ import math
 from pathlib import Path
 from typing import Any
 
-from looplm.model.families.base import Family, Weight, WeightPlan, layer_prefixes, need
+from looplm.model.families.base import (
+    FAMILY_CLASSES,
+    Family,
+    Weight,
+    WeightPlan,
+    layer_prefixes,
+    need,
+)
 from looplm.settings.config import ModelConfig
 
 
+@FAMILY_CLASSES.register
 class HuginnFamily(Family):
     name = "huginn"
     architecture = "RavenForCausalLM"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from looplm.model.families.base import (
+    FAMILY_CLASSES,
     Family,
     Weight,
     WeightPlan,
@@ -24,6 +25,7 @@ from looplm.model.families.base import (
 from looplm.settings.config import ModelConfig
 
 
+@FAMILY_CLASSES.register
 class OuroFamily(Family):
     name = "ouro"
     architecture = "OuroForCausalLM"

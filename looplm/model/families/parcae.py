@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from looplm.errors import LoopLMError
-from looplm.model.families.base import Family, Weight, WeightPlan, layer_prefixes, need
+from looplm.model.families.base import (
+    FAMILY_CLASSES,
+    Family,
+    Weight,
+    WeightPlan,
+    layer_prefixes,
+    need,
+)
 from looplm.settings.config import ModelConfig
 
 # The reference's rope_settings are ignored when it loads (its default base is used).
@@ -28,6 +35,7 @@ INIT_SCALES = {  # init_strategy → (embedding scale, logit scale at width d)
 }
 
 
+@FAMILY_CLASSES.register
 class ParcaeFamily(Family):
     name = "parcae"
     architecture = "ParcaeConfig"
