@@ -29,7 +29,6 @@ from typing import Any
 
 from looplm.diagnostics.settings import DiagnosticsKindSettings
 from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
-from looplm.settings import build_settings
 
 EVAL_TAG = "diagnostics"
 
@@ -65,13 +64,6 @@ class Diagnostics(EvaluationKind):
 
     def __init__(self, settings: DiagnosticsKindSettings) -> None:
         self.settings = settings
-
-    @classmethod
-    def configure(cls, evaluate: dict[str, Any]) -> Diagnostics | None:
-        d = evaluate.get("diagnostics")
-        if not d:
-            return None  # `looplm diagnose --store` writes rows with record() instead
-        return cls(build_settings(DiagnosticsKindSettings, d, "evaluate.diagnostics"))
 
     @classmethod
     def record(cls, cfg: Any, results: dict[str, Any], **identity: Any) -> Any:

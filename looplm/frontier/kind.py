@@ -17,7 +17,7 @@ from typing import Any
 
 from looplm.errors import LoopLMError
 from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
-from looplm.settings import build_settings, check_fields, depth_list, setting
+from looplm.settings import check_fields, depth_list, setting
 
 MAX_DEPTH = 4096  # soft cap on a loop depth: a batch costs the deepest T
 
@@ -81,13 +81,6 @@ class Frontier(EvaluationKind):
         self.depths, self.difficulties = settings.depths, settings.difficulties
         self.n_examples, self.batch_size = settings.n_examples, settings.batch_size
 
-    @classmethod
-    def configure(cls, evaluate: dict[str, Any]) -> Frontier | None:
-        s = evaluate.get("frontier")
-        if not s:
-            return None
-        return cls(build_settings(FrontierSettings, s, "evaluate.frontier"))
-
     def _tag(self, job: EvalJob) -> str:
         return job.tag(max_examples=self.n_examples)
 
@@ -147,13 +140,6 @@ class Propagation(EvaluationKind):
         self.settings = settings
         self.difficulties, self.max_loops = settings.difficulties, settings.max_loops
         self.n_examples, self.batch_size = settings.n_examples, settings.batch_size
-
-    @classmethod
-    def configure(cls, evaluate: dict[str, Any]) -> Propagation | None:
-        s = evaluate.get("propagation")
-        if not s:
-            return None
-        return cls(build_settings(PropagationSettings, s, "evaluate.propagation"))
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         from looplm.evaluate.records import fixed_depth_identities

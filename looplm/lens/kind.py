@@ -32,7 +32,6 @@ from typing import Any
 from looplm.errors import LoopLMError
 from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
 from looplm.lens.settings import TwoHopLensSettings, fractions
-from looplm.settings import build_settings
 
 SETS = ("two_hop", "heldout")
 SUMMARY = "lens:summary"
@@ -60,13 +59,6 @@ class Lens(EvaluationKind):
         self.band = fractions(settings.band, "band")
         self.extra_bands = [fractions(b, "extra_bands") for b in settings.extra_bands]
         self.swap_depths = list(settings.swap_depths or [self.loops])
-
-    @classmethod
-    def configure(cls, evaluate: dict[str, Any]) -> Lens | None:
-        s = evaluate.get("lens")
-        if not s:
-            return None
-        return cls(build_settings(TwoHopLensSettings, s, "evaluate.lens"))
 
     def depths(self, job: EvalJob) -> list[int]:
         if not job.cfg.model.is_looped:  # distinct layers: one depth, its layer count

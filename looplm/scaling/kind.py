@@ -22,7 +22,7 @@ from typing import Any
 from looplm.errors import LoopLMError
 from looplm.evaluate.kinds.base import EvalJob, EvaluationKind, register_kind
 from looplm.evaluate.kinds.fixed import Sweep
-from looplm.settings import build_settings, setting
+from looplm.settings import setting
 
 
 @dataclass
@@ -69,13 +69,6 @@ class Scaling(EvaluationKind):
     def __init__(self, settings: ScalingSettings) -> None:
         self.settings = settings
         self.split, self.max_tokens = settings.split, settings.max_tokens
-
-    @classmethod
-    def configure(cls, evaluate: dict[str, Any]) -> Scaling | None:
-        s = evaluate.get("scaling")
-        if not s:
-            return None
-        return cls(build_settings(ScalingSettings, s, "evaluate.scaling"))
 
     def _sweep(self, job: EvalJob) -> Sweep:
         return Sweep(None, self.split, self.max_tokens, (job.cfg.train.depth_max,), "scaling")

@@ -136,8 +136,15 @@ class EvaluationKind:
 
     @classmethod
     def configure(cls, evaluate: dict[str, Any]) -> EvaluationKind | None:
-        """The kind set up from the experiment's ``evaluate`` section (None: not asked for)."""
-        raise NotImplementedError
+        """The kind set up from the experiment's ``evaluate`` section (None: not asked for). By
+        default: ``evaluate[cls.section]``, when present and not empty, read into ``cls.Settings``
+        (errors name ``evaluate.<section>.<key>``) and handed to ``cls(settings)``."""
+        raw = evaluate.get(cls.section) if cls.section else None
+        if not raw or cls.Settings is None:
+            return None
+        from looplm.settings import build_settings
+
+        return cls(build_settings(cls.Settings, raw, f"evaluate.{cls.section}"))
 
     def identities(self, job: EvalJob) -> list[dict[str, Any]]:
         raise NotImplementedError
