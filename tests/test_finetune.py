@@ -140,3 +140,52 @@ def test_an_adapter_for_another_model_is_a_one_line_error(imported, tmp_path):
         load_adapter(wrong_rank, imported / "lora_p/ckpt/adapter")
     with pytest.raises(LoopLMError, match="no adapter_model.safetensors"):
         load_adapter(model, tmp_path)
+
+
+# ------------------------------------------------------------------ prompt/completion pairs
+def _pairs(path: Path, n: int = 60) -> Path:
+    import json
+
+    rng = random.Random(1)
+    words = ["red", "blue", "green", "gold", "gray"]
+    lines = []
+    for _ in range(n):
+        w = rng.choice(words)
+        lines.append(json.dumps({"prompt": f"colour {w} ->", "completion": f" {w[::-1]}."}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_pairs_are_packed_with_the_loss_on_completions_only(imported, tmp_path):
+    from looplm.data.pairs import pack_pairs
+    from looplm.data.tokenizers import get_tokenizer
+    from looplm.targets import IGNORE_INDEX
+
+    tok = get_tokenizer(str(imported / "parcae" / "tokenizer.json"))
+    x, y = pack_pairs([("ab", "cd"), ("e", "fg")], tok, 4)
+    ids = {c: ord(c) - 31 for c in "abcdefg"}
+    eot, ign = tok.eot_id, IGNORE_INDEX
+    # stream: a b c d | e f g  → inputs a b c d e f g (each pair's end-of-text is only a target)
+    assert x.tolist() == [
+        [ids["a"], ids["b"], ids["c"], ids["d"]],
+        [ids["e"], ids["f"], ids["g"], 0],
+    ]
+    assert y.tolist() == [[ign, ids["c"], ids["d"], eot], [ids["f"], ids["g"], eot, ign]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"}\n')
+    with pytest.raises(LoopLMError, match=r"line 2 has no string field 'completion'") as err:
+        setup(_cfg(imported, "parcae", "bad", f"data.dataset=pairs:{bad}"))
+    assert "\n" not in str(err.value)
+
+
+def test_fine_tuning_on_pairs_lowers_the_completion_loss(imported, tmp_path):
+    data = _pairs(tmp_path / "pairs.jsonl")
+    cfg = _cfg(imported, "parcae", "pairs", f"data.dataset=pairs:{data}", "train.steps=8")
+    ts = setup(cfg)
+    x, y = ts.source.global_batch(0, 4)
+    from looplm.targets import IGNORE_INDEX
+
+    assert (y != IGNORE_INDEX).float().mean() < 0.5  # the prompts carry no loss
+    before = evaluate_loss(ts)["val_loss"]
+    after = fit(cfg, progress=False, quiet=True)["val_loss"]
+    assert after < before - 0.3, (before, after)
