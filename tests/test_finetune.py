@@ -189,3 +189,14 @@ def test_fine_tuning_on_pairs_lowers_the_completion_loss(imported, tmp_path):
     before = evaluate_loss(ts)["val_loss"]
     after = fit(cfg, progress=False, quiet=True)["val_loss"]
     assert after < before - 0.3, (before, after)
+
+
+def test_ouro_gate_stage_through_train_changes_only_the_gate(imported):
+    cfg = _cfg(imported, "ouro", "gate", "train.recipe=ouro_gate", "train.steps=2")
+    assert cfg.train.depth_mean == 4  # Ouro's trained loop count
+    fit(cfg, progress=False, quiet=True)
+    before, _, _ = load_checkpoint(imported / "ouro")
+    after, _, _ = load_checkpoint(imported / "gate" / "ckpt")
+    a, b = before.float().state_dict(), after.state_dict()
+    changed = sorted(n for n in a if not torch.equal(a[n], b[n]))
+    assert changed == ["recurrence.exit_gate.bias", "recurrence.exit_gate.weight"]
