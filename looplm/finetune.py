@@ -367,3 +367,64 @@ def checkpoint_payload(model: torch.nn.Module, cfg: RunConfig):
     with the adapter on its own, else the model itself."""
     weights = MergedView(model) if is_lora(model) else model
     return weights, checkpoint_extras(model, cfg)
+
+
+# ----------------------------------------------------------------------------- before and after
+@torch.no_grad()
+def depth_response(model, batches, depths: list[int]) -> dict[int, float]:
+    """Validation NLL per token at each depth (one unroll per batch serves every depth)."""
+    sums = {d: [0.0, 0] for d in depths}
+    for x, y in batches:
+        for t, h in model.iter_depths(x, depths):
+            s = model.score(h, y, hits=False)
+            sums[t][0] += float(s.nll)
+            sums[t][1] += int(s.n_tokens)
+    return {d: nll / max(n, 1) for d, (nll, n) in sums.items()}
+
+
+@torch.no_grad()
+def exit_profile(model, batches, loops: int) -> list[float]:
+    """The exit gate's distribution over steps 1 … ``loops`` (looplm.recipes.exit_distribution),
+    averaged over the supervised tokens."""
+    from looplm.recipes import exit_distribution
+    from looplm.targets import IGNORE_INDEX
+
+    total, n = torch.zeros(loops, dtype=torch.float64), 0
+    for x, y in batches:
+        ctx = model.prepare(x)
+        lam = [model.recurrence.exit_probability(st.hidden) for st in model.unroll(ctx, loops)]
+        p = exit_distribution(torch.stack(lam[1:]).double())  # (T, B, L)
+        mask = y != IGNORE_INDEX
+        total += p[:, mask].sum(1)
+        n += int(mask.sum())
+    return (total / max(n, 1)).tolist()
+
+
+def finetune_report(cfg: RunConfig) -> Path:
+    """The init checkpoint's and the result's depth response on the run's validation data (at
+    ``eval.depths``, ``train.eval_batches`` batches) and, for a model with an exit gate, the
+    gate's exit distribution over the trained depth: ``<out_dir>/finetune_report.json``."""
+    from itertools import islice
+
+    from looplm.data.sources import make_source
+    from looplm.io import atomic_write_json
+
+    source = make_source(cfg.data, window_model(cfg), cfg.train.seed)
+    ev = cfg.eval
+    batches = list(
+        islice(
+            source.eval_batches(ev.batch_size, ev.max_tokens, ev.n_examples), cfg.train.eval_batches
+        )
+    )
+    depths = sorted({int(d) for d in ev.depths})
+    out = Path(cfg.out_dir)
+    report: dict[str, Any] = {"init": cfg.init, "checkpoint": str(out / "ckpt"), "depths": depths}
+    for when, model in (("before", _checkpoint_model(cfg.init)), ("after", None)):
+        model = (model or load_checkpoint(out / "ckpt")[0]).float().eval()
+        report[when] = {str(d): v for d, v in depth_response(model, batches, depths).items()}
+        if hasattr(model.recurrence, "exit_probability"):
+            T = cfg.train.depth_mean or cfg.train.depth_max
+            report[f"exit_{when}"] = exit_profile(model, batches, T)
+        del model
+    atomic_write_json(out / "finetune_report.json", report)
+    return out / "finetune_report.json"

@@ -37,7 +37,9 @@ def check_resume_config(saved: RunConfig, cfg: RunConfig, ckpt: Path | str, step
 
 def check_out_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> None:
     """Refuse to start a fresh run over a folder that holds a checkpoint unless asked: ``resume``
-    continues it, ``overwrite`` replaces it."""
+    continues it, ``overwrite`` replaces it (not both)."""
+    if resume and overwrite:
+        raise LoopLMError("--resume continues <out_dir>/ckpt and --overwrite replaces it; pick one")
     ckpt = Path(training_folder(cfg).out_dir) / "ckpt"
     if resume or overwrite or not checkpoint_exists(ckpt):
         return

@@ -200,3 +200,20 @@ def test_ouro_gate_stage_through_train_changes_only_the_gate(imported):
     a, b = before.float().state_dict(), after.state_dict()
     changed = sorted(n for n in a if not torch.equal(a[n], b[n]))
     assert changed == ["recurrence.exit_gate.bias", "recurrence.exit_gate.weight"]
+
+
+def test_train_command_reports_depth_response_and_exit_gate_before_and_after(imported, capsys):
+    import json
+
+    args = ["train", "finetune", f"init={imported / 'ouro'}", "eval.depths=[1,4,8]",
+            f"data.dataset=text:{imported / 'corpus.txt'}", f"out_dir={imported / 'cli'}",
+            "train.steps=4", "train.batch_size=4", "train.warmup=0", "train.lr=3e-3",
+            "train.seq_len=32", "train.eval_batches=4"]  # fmt: skip
+    assert main([*args, "--no-progress"]) == 0
+    assert "report:" in capsys.readouterr().out
+    report = json.loads((imported / "cli" / "finetune_report.json").read_text())
+    assert report["depths"] == [1, 4, 8]
+    assert report["after"]["4"] < report["before"]["4"] - 0.3  # Ouro's recipe trains at T = 4
+    for key in ("exit_before", "exit_after"):
+        assert len(report[key]) == 4 and sum(report[key]) == pytest.approx(1.0)
+    assert report["exit_before"] != report["exit_after"]  # the objective moved the gate

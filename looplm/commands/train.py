@@ -30,13 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.errors import LoopLMError
-    from looplm.finetune import load_run_config
+    from looplm.finetune import finetune_report, load_run_config
     from looplm.run_folder import check_out_dir
     from looplm.train import fit
 
-    if args.resume and args.overwrite:
-        raise LoopLMError("--resume continues <out_dir>/ckpt and --overwrite replaces it; pick one")
     cfg = load_run_config(args.config, args.overrides)
     check_out_dir(cfg, resume=args.resume, overwrite=args.overwrite)
     last = fit(cfg, resume=args.resume, progress=False if args.no_progress else None)
@@ -47,4 +44,6 @@ def run(args: argparse.Namespace) -> int:
     keys = ("step", "loss", "val_loss", "val_accuracy", "val_loops")
     print(json.dumps({k: last[k] for k in keys if k in last}))
     print(f"checkpoint: {cfg.out_dir}/ckpt")
+    if cfg.init:  # the depth response (and an exit gate's distribution) before and after
+        print(f"report: {finetune_report(cfg)}")
     return 0
