@@ -51,6 +51,7 @@ class InitInfo:
     model: dict[str, Any]  # the model section
     family: str | None  # the published family, when imported
     trained_loops: int  # the loop count it was trained at
+    recipe: str = ""  # the recipe it was fine-tuned with, if any
 
 
 def init_info(init: str) -> InitInfo:
@@ -64,7 +65,8 @@ def init_info(init: str) -> InitInfo:
         pre = meta.get("state", {}).get("pretrained") or {}
         train = meta["config"].get("train", {})
         loops = int(pre.get("trained_loops") or train.get("depth_mean") or train["depth_max"])
-        return InitInfo(model, pre.get("family"), loops)
+        recipe = {"ouro_gate": "ouro"}.get(train.get("recipe", ""), train.get("recipe", ""))
+        return InitInfo(model, pre.get("family"), loops, recipe)
     if (path / "config.json").is_file():
         from looplm.model.families import family_of, published_model_config, read_config
         from looplm.model.families.base import open_tensors
@@ -133,7 +135,7 @@ def resolve_init(raw: dict[str, Any]) -> dict[str, Any]:
     raw["model"] = model_section(dict(raw.get("model") or {}), info.model, init)
     train = dict(raw.get("train") or {})
     if not train.get("recipe"):
-        train["recipe"] = FAMILY_RECIPE.get(info.family or "", "looplm")
+        train["recipe"] = FAMILY_RECIPE.get(info.family or "") or info.recipe or "looplm"
     if not train.get("depth_mean"):
         train["depth_mean"] = info.trained_loops
     raw["train"] = train
@@ -428,3 +430,27 @@ def finetune_report(cfg: RunConfig) -> Path:
         del model
     atomic_write_json(out / "finetune_report.json", report)
     return out / "finetune_report.json"
+
+
+# ----------------------------------------------------------------------------- memory
+def finetune_memory(mc: ModelConfig, rank: int = 16, targets: str = "core") -> dict[str, float]:
+    """Parameter counts (built on the meta device) and the bytes that training state takes,
+    activations aside: full fine-tuning keeps fp32 weights, gradients and AdamW's two moments
+    (16 bytes per parameter); LoRA keeps the frozen fp32 weights (4 bytes each) and 16 bytes per
+    adapter parameter (``r·(in + out)`` per adapted projection)."""
+    from looplm.model.families import build_meta
+
+    model = build_meta(mc)
+    n = model.num_parameters()
+    adapter = sum(
+        rank * (m.in_features + m.out_features)
+        for name, m in model.named_modules()
+        if name in set(lora_targets(model, targets))
+    )
+    gib = 2.0**30
+    return {
+        "params": n,
+        "full_gib": 16 * n / gib,
+        "lora_params": adapter,
+        "lora_gib": (4 * n + 16 * adapter) / gib,
+    }

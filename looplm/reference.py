@@ -64,13 +64,22 @@ def _section(
 
 
 def _run_config() -> list[str]:
-    from looplm.config import PRESETS, DataConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
+    from looplm.config import (
+        PRESETS,
+        DataConfig,
+        EvalConfig,
+        LoraConfig,
+        ModelConfig,
+        RunConfig,
+        TrainConfig,
+    )
 
     out = [RUN.format(presets=", ".join(f"`{p}`" for p in PRESETS))]
     out += _section("model", ModelConfig, "model.")
     out += _section("data", DataConfig, "data.")
     out += _section("train", TrainConfig, "train.")
     out += _section("eval", EvalConfig, "eval.")
+    out += _section("lora", LoraConfig, "lora.")
     out += _section("top level", RunConfig)
     return out
 

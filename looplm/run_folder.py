@@ -96,8 +96,9 @@ def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
 
 
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its data paths absolute (a ``text:`` corpus, ``data_dir``, ``cache_dir``), so
-    the config stored in the run folder and checkpoint reads the same files from any folder."""
+    """``cfg`` with its data paths absolute (a ``text:`` corpus, ``data_dir``, ``cache_dir``, the
+    ``init`` checkpoint and a LoRA adapter), so the config stored in the run folder and checkpoint
+    reads the same files from any folder."""
     from looplm.data.cache import absolute_dataset
 
     def absolute(p: str | None) -> str | None:
@@ -109,7 +110,8 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
         data_dir=absolute(cfg.data.data_dir),
         cache_dir=absolute(cfg.data.cache_dir),
     )
-    return dataclasses.replace(cfg, data=data)
+    lora = dataclasses.replace(cfg.lora, adapter=absolute(cfg.lora.adapter) or "")
+    return dataclasses.replace(cfg, data=data, init=absolute(cfg.init) or "", lora=lora)
 
 
 def progress_line(m: dict[str, Any], total: int) -> str:

@@ -293,8 +293,9 @@ def train_step(ts: TrainState) -> dict[str, Any]:
         last = micro == tc.grad_accum - 1
         # all-reduce / reduce-scatter only on the last micro-batch
         with grad_sync(model, last), autocast_context(cfg, ts.device):
-            if plan.loss_fn is not None:  # the recipe's own objective (Ouro's exit losses)
-                nll = plan.loss_fn(core, x, y, loops, cfg)
+            if plan.loss_fn is not None:  # the recipe's objective (through a DDP/FSDP wrapper)
+                kw = {"fn": plan.loss_fn, "loops": loops, "cfg": cfg}
+                nll = plan.loss_fn(core, x, y, loops, cfg) if model is core else model(x, y, **kw)
             else:
                 nll = core.loss(x, y, **kwargs) if model is core else model(x, y, **kwargs)
             (nll * scale).backward()

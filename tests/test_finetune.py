@@ -125,6 +125,9 @@ def test_lora_merged_model_equals_the_adapter_model(imported):
         base = init_model(plain, torch.device("cpu")).eval()(ids, loops=5)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert (want - base).abs().max() > 1e-3  # the adapter changed the model
+    # the result fine-tunes further with its family's recipe and trained depth
+    again = load_config("finetune", [f"init={imported / 'lora' / 'ckpt'}", "train.seq_len=32"])
+    assert (again.train.recipe, again.train.depth_mean, again.lora.rank) == ("huginn", 32, 0)
 
 
 def test_an_adapter_for_another_model_is_a_one_line_error(imported, tmp_path):
@@ -217,3 +220,25 @@ def test_train_command_reports_depth_response_and_exit_gate_before_and_after(imp
     for key in ("exit_before", "exit_after"):
         assert len(report[key]) == 4 and sum(report[key]) == pytest.approx(1.0)
     assert report["exit_before"] != report["exit_after"]  # the objective moved the gate
+
+
+def test_the_memory_table_of_the_docs_is_what_finetune_memory_computes():
+    """docs/finetune.md's table: parameters counted on the meta device from each published
+    config, the training state of full and LoRA fine-tuning (looplm.finetune.finetune_memory)."""
+    import re
+
+    from pretrained_common import published
+
+    from looplm.finetune import finetune_memory
+    from looplm.model.families import published_model_config
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "finetune.md").read_text()
+    rows = re.findall(r"^\| (parcae|huginn|ouro|hrm_text) \| ([\w.-]+) \| (.+) \|$", text, re.M)
+    assert len(rows) == 8
+    for family, name, rest in rows:
+        cfg = published(family, f"{name}.json")
+        _, mc = published_model_config(cfg.get("config", cfg))
+        m = finetune_memory(mc, rank=16)
+        want = (f"{m['params'] / 1e6:,.1f}M | {m['full_gib']:.1f} | "
+                f"{m['lora_params'] / 1e6:.2f}M | {m['lora_gib']:.1f}")  # fmt: skip
+        assert rest == want, (family, name)

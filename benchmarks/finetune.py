@@ -1,0 +1,134 @@
+"""Fine-tuning throughput and peak memory on Parcae-140M's published shape (random weights), this
+CPU: full fine-tuning against LoRA (rank 16 on the looped core).
+
+    python benchmarks/finetune.py [--steps 4] [--seq 128] [--batch 4] [--no-write]
+
+Builds the model of ``parcae-small-140m``'s published config.json with random weights, saves it
+as a looplm checkpoint with a character tokenizer, writes a small text, then runs
+``looplm train finetune init=… train.steps=N`` once per mode, each in a fresh process (so the
+peak resident set is that mode's): loop depth T = 8 with gradients through the last 4 (the
+Parcae recipe's mean depth and backprop depth, fixed so every step does the same work), AdamW.
+Reported: the median tokens/s of the steps after the first (metrics.jsonl, ``log_every=1``) and
+the process's peak resident set. Random weights: speed and memory only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PUBLISHED = HERE.parent / "tests/fixtures/pretrained/parcae/published/parcae-small-140m.json"
+
+
+def write_init(root: Path) -> Path:
+    """A random-weight Parcae-140M looplm checkpoint with a character tokenizer, and a text."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models
+
+    from looplm.checkpoint import save_checkpoint
+    from looplm.model import model_from_config
+    from looplm.model.families import published_model_config, run_config
+
+    _, mc = published_model_config(json.loads(PUBLISHED.read_text()))
+    vocab = {"<|endoftext|>": 0, **{chr(c): c - 31 for c in range(32, 127)}, "<unk>": 96}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    init = root / "parcae140m"
+    save_checkpoint(init, model_from_config(mc), run_config(mc, 8), state={"step": 0})
+    tok.save(str(init / "tokenizer.json"))  # beside the weights: the run reads it from there
+    rng = random.Random(0)
+    words = "the quick brown fox jumps over a lazy dog while loops read text".split()
+    docs = [" ".join(rng.choice(words) for _ in range(300)) for _ in range(60)]
+    (root / "text.txt").write_text("\n\n".join(docs))
+    return init
+
+
+def run_mode(root: Path, init: Path, lora: int, args) -> dict:
+    out = root / f"run_lora{lora}"
+    cmd = [sys.executable, "-m", "looplm", "train", "finetune", f"init={init}",
+           f"data.dataset=text:{root / 'text.txt'}", f"out_dir={out}",
+           f"train.steps={args.steps}", f"train.batch_size={args.batch}",
+           f"train.seq_len={args.seq}", "train.recipe=looplm", "train.depth_min=8",
+           "train.depth_max=8", "train.truncate_k=4", "train.log_every=1", "train.warmup=0",
+           "train.eval_batches=1", "eval.depths=[8]", f"lora.rank={lora}", "--no-progress"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    wall = time.perf_counter() - t0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "tok_per_s" in x]
+    rates = [x["tok_per_s"] for x in steps[1:]] or [steps[0]["tok_per_s"]]
+    return {
+        "lora": lora,
+        "tok_s": statistics.median(rates),
+        "rates": rates,
+        "peak_mb": max(x["peak_rss_mb"] for x in steps),
+        "wall": wall,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, str(HERE.parent))
+    from _results import machine_line, update_section
+
+    from looplm.finetune import finetune_memory
+    from looplm.model.families import published_model_config
+
+    _, mc = published_model_config(json.loads(PUBLISHED.read_text()))
+    mem = finetune_memory(mc, rank=16)
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        init = write_init(root)
+        rows = [run_mode(root, init, lora, args) for lora in (0, 16)]
+    load_after = os.getloadavg()
+    for r in rows:
+        print(json.dumps(r))
+    body = [
+        "## Fine-tuning, CPU: Parcae-140M shape (random weights), full vs LoRA "
+        "(`benchmarks/finetune.py`)",
+        "",
+        f"`python benchmarks/finetune.py --steps {args.steps} --seq {args.seq} --batch "
+        f"{args.batch}` · {machine_line()} (the benchmark process; each mode runs in its own "
+        f"process with torch's default threads) · load average before {load[0]:.1f}, after "
+        f"{load_after[0]:.1f} on a shared machine",
+        "",
+        f"`looplm train finetune init=…` on {mc.d_model}-wide Parcae-140M "
+        f"({mem['params'] / 1e6:.1f}M parameters), {args.batch} × {args.seq} tokens per step, "
+        f"T = 8 with gradients through the last 4, AdamW; tokens/s is the median of steps 2…"
+        f"{args.steps} (metrics.jsonl), peak memory the process's peak resident set.",
+        "",
+        "| mode | trainable parameters | tokens/s | peak resident set (MB) | tokens/s of each step |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        name = "full" if not r["lora"] else f"LoRA r={r['lora']} (core)"
+        trainable = mem["params"] if not r["lora"] else mem["lora_params"]
+        rates = ", ".join(f"{x:.0f}" for x in r["rates"])
+        body.append(
+            f"| {name} | {trainable / 1e6:.2f}M | {r['tok_s']:.0f} | {r['peak_mb']:,.0f} | {rates} |"
+        )
+    print("\n".join(body))
+    if not args.no_write:
+        update_section("finetune", "\n".join(body))
+
+
+if __name__ == "__main__":
+    main()
