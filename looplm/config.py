@@ -381,6 +381,11 @@ class RunConfig:
             )
         if self.lora.rank and not self.init:
             raise LoopLMError("lora.rank > 0 adapts a trained model: give init=CHECKPOINT")
+        if self.lora.rank and self.train.parallel == "fsdp":
+            raise LoopLMError(
+                "lora.rank > 0 with train.parallel=fsdp is not supported; use train.parallel=ddp "
+                "(the frozen base is not sharded then)"
+            )
         if self.model.attention == "adjacency":
             if self.data.dataset not in NODE_TASKS:
                 raise LoopLMError(

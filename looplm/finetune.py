@@ -237,10 +237,6 @@ def add_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
     return model
 
 
-def is_lora(model: torch.nn.Module) -> bool:
-    return any("lora_" in n for n, _ in model.named_parameters())
-
-
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter's own weights (name → tensor, on the CPU)."""
     return {
@@ -346,7 +342,7 @@ def checkpoint_extras(model: torch.nn.Module, cfg: RunConfig) -> dict[str, bytes
     own, and the tokenizer files of the init checkpoint (so the result stands alone)."""
     if not cfg.init:
         return {}
-    out = adapter_files(model, cfg) if is_lora(model) else {}
+    out = adapter_files(model, cfg) if cfg.lora.rank else {}
     tok = Path(cfg.model.tokenizer)
     if tok.name == "tokenizer.json" and tok.is_file():
         from looplm.model.families import TOKENIZER_FILES
@@ -367,7 +363,7 @@ def window_model(cfg: RunConfig) -> ModelConfig:
 def checkpoint_payload(model: torch.nn.Module, cfg: RunConfig):
     """(what a checkpoint stores as the weights, its extra files): a LoRA model's merged view
     with the adapter on its own, else the model itself."""
-    weights = MergedView(model) if is_lora(model) else model
+    weights = MergedView(model) if cfg.lora.rank else model
     return weights, checkpoint_extras(model, cfg)
 
 
