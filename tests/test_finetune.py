@@ -125,6 +125,14 @@ def test_lora_merged_model_equals_the_adapter_model(imported):
         base = init_model(plain, torch.device("cpu")).eval()(ids, loops=5)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert (want - base).abs().max() > 1e-3  # the adapter changed the model
+    # the merged result exports as a standalone Hugging Face folder with the same logits
+    from transformers import AutoModelForCausalLM
+
+    assert main(["export", str(imported / "lora" / "ckpt"), str(imported / "lora_hf"),
+                 "--standalone", "--loops", "5"]) == 0  # fmt: skip
+    hf = AutoModelForCausalLM.from_pretrained(imported / "lora_hf", trust_remote_code=True)
+    with torch.no_grad():
+        torch.testing.assert_close(hf.eval()(ids).logits, got.float(), rtol=1e-4, atol=1e-4)
     # the result fine-tunes further with its family's recipe and trained depth
     again = load_config("finetune", [f"init={imported / 'lora' / 'ckpt'}", "train.seq_len=32"])
     assert (again.train.recipe, again.train.depth_mean, again.lora.rank) == ("huginn", 32, 0)
