@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.experiments.demo import run_demo
-    from looplm.model import recurrence_names
+    from looplm.model.recurrences import recurrence_names
 
     names = recurrence_names()
     methods = names if args.methods == "all" else [m.strip() for m in args.methods.split(",")]

@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="train a model from a YAML config (+ key=value overrides)",
         description="Train a looped LM. CONFIG is a YAML file or the name of one in configs/; "
         "override any setting with dotted key=value pairs, e.g. train.steps=200 "
-        "model.recurrence=looped out_dir=runs/x. A folder that already holds a checkpoint is "
+        "model.recurrence=looped out_dir=runs/x; init=CKPT fine-tunes a checkpoint "
+        "(docs/finetune.md). A folder that already holds a checkpoint is "
         "refused unless --resume (continue it) or --overwrite (replace it) is given.",
     )
     p.add_argument("config", help="YAML config path or name in configs/ (e.g. tiny_bool)")
@@ -29,14 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.errors import LoopLMError
-    from looplm.settings.config import load_config
+    from looplm.training.finetune import finetune_report, load_run_config
     from looplm.training.loop import fit
     from looplm.training.run_folder import check_out_dir
 
-    if args.resume and args.overwrite:
-        raise LoopLMError("--resume continues <out_dir>/ckpt and --overwrite replaces it; pick one")
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_run_config(args.config, args.overrides)
     check_out_dir(cfg, resume=args.resume, overwrite=args.overwrite)
     last = fit(cfg, resume=args.resume, progress=False if args.no_progress else None)
     if last.get("stopped") == "signal":  # the shell's convention for a run ended by a signal
@@ -46,4 +44,6 @@ def run(args: argparse.Namespace) -> int:
     keys = ("step", "loss", "val_loss", "val_accuracy", "val_loops")
     print(json.dumps({k: last[k] for k in keys if k in last}))
     print(f"checkpoint: {cfg.out_dir}/ckpt")
+    if cfg.init:  # the depth response (and an exit gate's distribution) before and after
+        print(f"report: {finetune_report(cfg)}")
     return 0

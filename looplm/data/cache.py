@@ -85,7 +85,10 @@ def default_data_dir() -> Path | None:
 
 def absolute_dataset(name: str) -> str:
     """A local text corpus name with its path made absolute (``text:/abs/path``), so a run's
-    stored config reads the same file from any working folder; other names pass unchanged."""
+    stored config reads the same file from any working folder (prompt/completion pairs too:
+    ``pairs:/abs/path``); other names pass unchanged."""
+    if name.startswith("pairs:"):
+        return "pairs:" + str(Path(name.removeprefix("pairs:")).expanduser().resolve())
     if not is_local_text(name):
         return name
     raw = name.removeprefix("text:")

@@ -227,8 +227,42 @@ class CorpusSource(DataSource):
         yield from eval_windows(self.eval_tokens, batch_size, self.context, max_tokens)
 
 
+class PairSource(DataSource):
+    """Packed prompt/completion rows, the loss on the completions only (looplm.data.pairs)."""
+
+    def __init__(self, data: DataConfig, model: ModelConfig, seed: int) -> None:
+        from looplm.data.pairs import pack_pairs, split_pairs
+        from looplm.data.tokenizers import get_tokenizer
+
+        self.seed, self.data = seed, data
+        self.tok = get_tokenizer(model.tokenizer)
+        self.seq_len = model.context
+        pairs = split_pairs(data.dataset, data.train_split)
+        self.x, self.y = pack_pairs(pairs, self.tok, model.context)
+        if not len(self.x):
+            raise LoopLMError(f"{data.dataset}: no completion tokens to train on")
+        self._eval: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def make_global_batch(self, step, n_rows):
+        g = torch.Generator().manual_seed(step_seed(self.seed, step * 1024, 0))
+        rows = torch.randint(0, len(self.x), (n_rows,), generator=g)
+        return self.x[rows], self.y[rows]
+
+    def eval_batches(self, batch_size, max_tokens=None, n_examples: int = 0) -> Iterator[tuple]:
+        if self._eval is None:
+            from looplm.data.pairs import pack_pairs, split_pairs
+
+            pairs = split_pairs(self.data.dataset, self.data.eval_split)
+            self._eval = pack_pairs(pairs, self.tok, self.seq_len)
+        x, y = self._eval
+        for i in range(0, len(x), batch_size):
+            yield x[i : i + batch_size], y[i : i + batch_size]
+
+
 def make_source(data: DataConfig, model: ModelConfig, seed: int) -> DataSource:
-    """The DataSource for ``data.dataset`` (a synthetic task name or a corpus)."""
+    """The DataSource for ``data.dataset`` (a synthetic task name, ``pairs:PATH`` or a corpus)."""
     if data.dataset in TASKS:
         return TaskSource(data, model, seed)
+    if data.dataset.startswith("pairs:"):
+        return PairSource(data, model, seed)
     return CorpusSource(data, model, seed)

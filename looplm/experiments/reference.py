@@ -68,6 +68,7 @@ def _run_config() -> list[str]:
         PRESETS,
         DataConfig,
         EvalConfig,
+        LoraConfig,
         ModelConfig,
         RunConfig,
         TrainConfig,
@@ -78,6 +79,7 @@ def _run_config() -> list[str]:
     out += _section("data", DataConfig, "data.")
     out += _section("train", TrainConfig, "train.")
     out += _section("eval", EvalConfig, "eval.")
+    out += _section("lora", LoraConfig, "lora.")
     out += _section("top level", RunConfig)
     return out
 

@@ -118,7 +118,7 @@ def parameter_count(preset: str, recurrence: str, **overrides: Any) -> dict[str,
     """
     import torch
 
-    from looplm.model import build_model
+    from looplm.model.build import build_model
 
     with torch.device("meta"):
         model = build_model(preset, recurrence, **overrides)

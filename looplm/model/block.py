@@ -161,7 +161,7 @@ class CausalSelfAttention(nn.Module):
 
     def _queries(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, A, d) → queries (B, nh, A, hs), before rotation."""
-        z = F.linear(x, self.qkv.weight[: self.q_dim])
+        z = F.linear(x, projection_weight(self.qkv)[: self.q_dim])
         if self.qk_bias is not None:
             z = z + self.qk_bias[: self.q_dim]
         return self._heads(z)
@@ -170,7 +170,7 @@ class CausalSelfAttention(nn.Module):
         self, x: torch.Tensor, tokens: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, L, d) → keys, values (B, nkv, L, hs), before rotation."""
-        k, v = F.linear(x, self.qkv.weight[self.q_dim :]).split(self.kv_dim, dim=2)
+        k, v = F.linear(x, projection_weight(self.qkv)[self.q_dim :]).split(self.kv_dim, dim=2)
         if self.qk_bias is not None:
             k = k + self.qk_bias[self.q_dim :]
         return self._heads(k), self._heads(self._value_embedding(x, v, tokens))
@@ -275,6 +275,17 @@ class CausalSelfAttention(nn.Module):
         if self.rope_base > 0 or self.qk_norm:  # as in forward: keys rotated by their positions
             k = self._rotate(k, positions(kv.length, L, x.device))
         kv.append(k, v)
+
+
+def projection_weight(linear: nn.Module) -> torch.Tensor:
+    """The weight a projection applies: its own, plus the update ``α/r·B·A`` of each active LoRA
+    adapter attached to it (``peft``; looplm.training.finetune), since the attention slices the fused
+    query/key/value weight instead of calling the module."""
+    w = linear.weight
+    if hasattr(linear, "get_delta_weight") and not linear.merged and not linear.disable_adapters:
+        for name in linear.active_adapters:
+            w = w + linear.get_delta_weight(name)
+    return w
 
 
 class SwiGLU(nn.Module):

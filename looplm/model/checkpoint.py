@@ -98,8 +98,10 @@ def save_checkpoint(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     state: dict[str, Any] | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
-    """Write a checkpoint folder atomically; returns its path."""
+    """Write a checkpoint folder atomically; returns its path. ``extra_files`` (relative name →
+    bytes, e.g. a LoRA adapter or a tokenizer) are written inside it and checksummed too."""
     path = Path(path)
     recover_checkpoint(path)  # an interrupted swap's new folder must not be deleted below
     tmp, old = _swap_names(path)
@@ -107,7 +109,7 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        _write_folder(tmp, model, cfg, optimizer, state)
+        _write_folder(tmp, model, cfg, optimizer, state, extra_files or {})
     except BaseException:
         # a full disk, a read-only folder or a kill: the previous checkpoint stays as it was
         shutil.rmtree(tmp, ignore_errors=True)
@@ -128,9 +130,13 @@ def _write_folder(
     cfg: RunConfig | dict,
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any] | None,
+    extra_files: dict[str, bytes],
 ) -> None:
     """The checkpoint's files, written into the temporary folder ``tmp`` (state.json last)."""
     files: dict[str, dict[str, Any]] = {}
+    for name, blob in extra_files.items():
+        atomic_write_bytes(tmp / name, blob)
+        files[name] = {"sha256": _sha256(blob), "size": len(blob)}
     blob = st_save(_state_tensors(model))
     atomic_write_bytes(tmp / "model.safetensors", blob)
     files["model.safetensors"] = {"sha256": _sha256(blob), "size": len(blob)}
@@ -190,7 +196,7 @@ def load_checkpoint(
     path: str | os.PathLike, map_location: str | torch.device = "cpu"
 ) -> tuple[torch.nn.Module, RunConfig, dict[str, Any]]:
     """(model in eval mode, its RunConfig, the saved state dict) from a checkpoint folder."""
-    from looplm.model import model_from_config
+    from looplm.model.build import model_from_config
 
     path = Path(path)
     if path.is_file():

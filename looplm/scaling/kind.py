@@ -37,7 +37,7 @@ def scaling_extra(cfg: Any) -> dict[str, Any]:
     """``n_once``, ``n_rec``, ``train_tokens`` and ``r`` of a fixed-depth training run."""
     import torch
 
-    from looplm.model import model_from_config
+    from looplm.model.build import model_from_config
 
     t = cfg.train
     if t.depth_min != t.depth_max:

@@ -241,6 +241,14 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun (WORLD_SIZE > 1): ddp | fsdp (FSDP2 fully_shard)
     peak_tflops: float = 790.0  # MFU denominator per GPU (H200 dense bf16, measured); 0: no MFU
     max_wall_s: float = 0.0  # >0: stop (checkpoint written) after this many seconds of training
+    # A family's training recipe: its depth schedule and objective (looplm.training.recipes). "" = the
+    # init checkpoint's family default (looplm for a run from scratch)
+    seq_len: int = 0  # training/validation window in tokens; 0: model.context (at most that)
+    recipe: str = ""  # "" | looplm | huginn | parcae | ouro | ouro_gate
+    depth_mean: int = 0  # huginn/parcae: mean loop count of the draw (0: the checkpoint's)
+    exit_beta: float = 0.1  # ouro: weight β of the exit distribution's entropy
+    gate_k: float = 50.0  # ouro_gate: slope k of the continuation target σ(k·(I − γ))
+    gate_gamma: float = 0.005  # ouro_gate: threshold γ of the loss improvement I
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "depth_min", "depth_max", "log_every")
@@ -273,9 +281,51 @@ class TrainConfig:
             raise LoopLMError(f"train.clip={self.clip} must be > 0 (the gradient-norm limit)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise LoopLMError(f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        for key in ("weight_decay", "ckpt_every", "eval_every", "eval_batches"):
+        for key in (
+            "weight_decay",
+            "ckpt_every",
+            "eval_every",
+            "eval_batches",
+            "depth_mean",
+            "seq_len",
+        ):
             if getattr(self, key) < 0:
                 raise LoopLMError(f"train.{key}={getattr(self, key)} must be >= 0")
+        if self.recipe not in ("",) + RECIPES:
+            raise LoopLMError(
+                f"train.recipe={self.recipe!r}; allowed: {', '.join(RECIPES)} (or empty: the "
+                "init checkpoint's family default)"
+            )
+        if self.exit_beta < 0 or self.gate_k <= 0 or self.gate_gamma < 0:
+            raise LoopLMError(
+                f"train.exit_beta={self.exit_beta} and train.gate_gamma={self.gate_gamma} must be "
+                f">= 0, train.gate_k={self.gate_k} > 0"
+            )
+
+
+RECIPES = ("looplm", "huginn", "parcae", "ouro", "ouro_gate")
+LORA_TARGETS = ("core", "all")
+
+
+@dataclass
+class LoraConfig:
+    """Parameter-efficient fine-tuning: LoRA adapters (through ``peft``) on the projections of
+    the looped core (``targets=core``) or of every layer, prelude and coda too (``all``)."""
+
+    rank: int = 0  # 0: full fine-tuning; > 0: LoRA of this rank, the base weights frozen
+    alpha: float = 16.0  # LoRA scale numerator (the update is alpha/rank · B·A)
+    targets: str = "core"  # core | all (prelude and coda projections too)
+    adapter: str = ""  # an adapter folder saved by an earlier LoRA run, to continue from
+
+    def validate(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise LoopLMError(f"lora.rank={self.rank!r} must be an integer >= 0 (0: no LoRA)")
+        if not self.alpha > 0:
+            raise LoopLMError(f"lora.alpha={self.alpha} must be > 0")
+        if self.targets not in LORA_TARGETS:
+            raise LoopLMError(f"lora.targets={self.targets!r}; allowed: {', '.join(LORA_TARGETS)}")
+        if self.adapter and not self.rank:
+            raise LoopLMError("lora.adapter needs lora.rank > 0 (the adapter's rank)")
 
 
 @dataclass
@@ -305,7 +355,11 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     out_dir: str = "runs/default"  # the run folder (checkpoint, metrics, resolved config)
+    # A checkpoint to start from (a looplm checkpoint folder, an imported one, or a published
+    # folder `looplm import` reads): its architecture, tokenizer and weights; "" = from scratch
+    init: str = ""
     name: str = ""  # a free name for the run
     # The method's name in results (store rows, reports); "" means the recurrence name. Lets one
     # recurrence with different settings appear as distinct methods (e.g. the two looped baselines).
@@ -320,6 +374,18 @@ class RunConfig:
         self.data.validate()
         self.train.validate()
         self.eval.validate()
+        self.lora.validate()
+        if self.train.seq_len > self.model.context:
+            raise LoopLMError(
+                f"train.seq_len={self.train.seq_len} exceeds model.context={self.model.context}"
+            )
+        if self.lora.rank and not self.init:
+            raise LoopLMError("lora.rank > 0 adapts a trained model: give init=CHECKPOINT")
+        if self.lora.rank and self.train.parallel == "fsdp":
+            raise LoopLMError(
+                "lora.rank > 0 with train.parallel=fsdp is not supported; use train.parallel=ddp "
+                "(the frozen base is not sharded then)"
+            )
         if self.model.attention == "adjacency":
             if self.data.dataset not in NODE_TASKS:
                 raise LoopLMError(
@@ -392,7 +458,14 @@ def config_from_dict(raw: dict[str, Any]) -> RunConfig:
 
 
 def load_config(path_or_name: str | None, overrides: list[str] | None = None) -> RunConfig:
-    """defaults → preset → YAML → ``key=value`` overrides; validated."""
+    """defaults → preset → YAML → ``key=value`` overrides; validated. (A run with ``init=CKPT``
+    takes its model section from the checkpoint: :func:`looplm.training.finetune.load_run_config`.)"""
+    return config_from_dict(load_raw(path_or_name, overrides))
+
+
+def load_raw(path_or_name: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The merged settings of a YAML file (or configs/ name) and ``key=value`` overrides, as a
+    nested dict before defaults and validation."""
     raw: dict[str, Any] = {}
     if path_or_name:
         path = resolve_config_path(path_or_name)
@@ -408,8 +481,7 @@ def load_config(path_or_name: str | None, overrides: list[str] | None = None) ->
         if not isinstance(loaded, dict):
             raise LoopLMError(f"config {path}: top level must be a mapping")
         raw = loaded
-    raw = merge(raw, parse_overrides(overrides or []))
-    return config_from_dict(raw)
+    return merge(raw, parse_overrides(overrides or []))
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -71,6 +71,7 @@ def lazy_attributes(module: str, table: dict[str, str]):
             return getattr(importlib.import_module(table[name]), name)
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
+    __getattr__.table = table  # type: ignore[attr-defined]  # where each name lives
     return __getattr__
 
 

@@ -3,8 +3,8 @@
     cfg = load_config("configs/tiny_bool.yaml", ["train.steps=200"])
     fit(cfg)                      # or fit(cfg, resume=True) to continue from <out_dir>/ckpt
 
-Per optimizer step: draw the loop depth T uniformly from [depth_min, depth_max] (the same T on every
-rank, since it comes from the run seed and the step), accumulate ``grad_accum`` micro-batches, clip
+Per optimizer step: draw the loop depth T by the recipe (looplm.training.recipes; U{depth_min … depth_max}
+by default; the same T on every rank, from the run seed and the step), accumulate ``grad_accum`` micro-batches, clip
 the global gradient norm, step AdamW with a cosine schedule after linear warmup. A non-finite loss or
 gradient skips the update (or stops the run) without touching weights or optimizer state. SIGTERM,
 SIGINT, ``train.max_wall_s`` or a callback (``fit(cfg, callbacks=[...])``) stop the run with a
@@ -40,16 +40,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from looplm.data.sources import DataSource, make_source, step_seed
+from looplm.data.sources import DataSource, make_source
 from looplm.device import resolve_device
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
-from looplm.model import model_from_config
 from looplm.model.accounting import model_flops
 from looplm.model.block import Block
+from looplm.model.build import model_from_config
 from looplm.model.checkpoint import (
     checkpoint_exists,
-    load_checkpoint,
     load_optimizer_state,
     read_meta,
     save_checkpoint,
@@ -71,6 +70,8 @@ from looplm.training.distributed import (
     sharded_optimizer_loader,
     state_views,
 )
+from looplm.training.finetune import checkpoint_payload, init_model, run_model, window_model
+from looplm.training.recipes import eval_loops, step_plan
 from looplm.training.run_folder import check_resume_config, progress_line, with_absolute_paths
 
 
@@ -86,10 +87,10 @@ def get_lr(step: int, cfg: RunConfig) -> float:
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tc.lr - min_lr)
 
 
-def sample_depth(step: int, cfg: RunConfig) -> int:
-    """The loop depth of optimizer step ``step``: uniform on [depth_min, depth_max], seeded."""
-    tc = cfg.train
-    return random.Random(step_seed(tc.seed, step, 0) ^ 0x5EED).randint(tc.depth_min, tc.depth_max)
+def sample_depth(
+    step: int, cfg: RunConfig
+) -> int:  # the seeded T of a step (looplm.training.recipes)
+    return step_plan(step, cfg).loops
 
 
 # ----------------------------------------------------------------------------- setup
@@ -226,10 +227,12 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
     if resume:
         if not checkpoint_exists(ckpt):
             raise LoopLMError(f"cannot resume: no checkpoint at {ckpt}")
-        model, saved_cfg, meta = load_checkpoint(ckpt, map_location=device)
+        model, saved_cfg, meta = run_model(cfg, ckpt, device)  # LoRA's base from init
         step = int(meta["state"]["step"])
         check_resume_config(saved_cfg, cfg, ckpt, step)
         model.train()
+    elif cfg.init:
+        model = init_model(cfg, device)  # the checkpoint's weights (+ LoRA adapters)
     else:
         model = model_from_config(cfg.model).to(device)
     if dist.enabled:
@@ -249,7 +252,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         rng = read_meta(ckpt)["state"].get("rng")
         if rng and not dist.enabled:
             _set_rng_state(rng)
-    source = make_source(cfg.data, cfg.model, cfg.train.seed)
+    source = make_source(cfg.data, window_model(cfg), cfg.train.seed)
     return TrainState(
         cfg, wrapped or model, optimizer, source, device, dist, step, [], model, wrapped
     )
@@ -266,8 +269,8 @@ def train_step(ts: TrainState) -> dict[str, Any]:
     lr = get_lr(ts.step, cfg)
     for g in opt.param_groups:
         g["lr"] = lr
-    # Looped models draw T per step; an unshared Transformer always runs all its layers.
-    loops = sample_depth(ts.step, cfg) if core.is_looped else cfg.model.n_layers
+    plan = step_plan(ts.step, cfg, core.is_looped)  # the recipe's T (unshared: all layers)
+    loops = plan.loops
     world, rank = ts.dist.world_size, ts.dist.rank
     # The step's loss is the token mean over the global batch: every rank knows its token count.
     _, y_all = ts.source.global_batch(ts.step, tc.batch_size * world * tc.grad_accum)
@@ -276,7 +279,7 @@ def train_step(ts: TrainState) -> dict[str, Any]:
     kwargs = dict(
         loops=loops,
         objective=tc.objective,
-        truncate_k=tc.truncate_k,
+        truncate_k=plan.truncate_k,
         checkpoint_loops=tc.checkpoint_loops,
         reduction="sum",
     )
@@ -292,7 +295,11 @@ def train_step(ts: TrainState) -> dict[str, Any]:
         last = micro == tc.grad_accum - 1
         # all-reduce / reduce-scatter only on the last micro-batch
         with grad_sync(model, last), autocast_context(cfg, ts.device):
-            nll = core.loss(x, y, **kwargs) if model is core else model(x, y, **kwargs)
+            if plan.loss_fn is not None:  # the recipe's objective (through a DDP/FSDP wrapper)
+                kw = {"fn": plan.loss_fn, "loops": loops, "cfg": cfg}
+                nll = plan.loss_fn(core, x, y, loops, cfg) if model is core else model(x, y, **kw)
+            else:
+                nll = core.loss(x, y, **kwargs) if model is core else model(x, y, **kwargs)
             (nll * scale).backward()
         local_sum += nll.detach().float()
         n_input += x.numel()
@@ -341,7 +348,7 @@ def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
     """
     cfg = ts.cfg
     model = ts.raw_model or ts.model
-    loops = loops or (cfg.train.depth_max if model.is_looped else cfg.model.n_layers)
+    loops = loops or (eval_loops(cfg) if model.is_looped else cfg.model.n_layers)
     limit = None if ts.source.is_task else cfg.train.eval_batches
     batches = []
     for i, b in enumerate(
@@ -394,13 +401,9 @@ def save(ts: TrainState) -> Path:
     if ts.fsdp:
         model, opt = state_views(model, opt)  # collective: full tensors on every rank
     if ts.dist.is_main:
-        save_checkpoint(
-            path,
-            model,
-            ts.cfg,
-            optimizer=opt,
-            state={"step": ts.step, "rng": _rng_state(), "world_size": ts.dist.world_size},
-        )
+        state = {"step": ts.step, "rng": _rng_state(), "world_size": ts.dist.world_size}
+        weights, extra = checkpoint_payload(model, ts.cfg)  # LoRA: merged, adapter beside
+        save_checkpoint(path, weights, ts.cfg, optimizer=opt, state=state, extra_files=extra)
     barrier(ts.dist)
     return path
 

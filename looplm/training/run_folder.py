@@ -37,7 +37,9 @@ def check_resume_config(saved: RunConfig, cfg: RunConfig, ckpt: Path | str, step
 
 def check_out_dir(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> None:
     """Refuse to start a fresh run over a folder that holds a checkpoint unless asked: ``resume``
-    continues it, ``overwrite`` replaces it."""
+    continues it, ``overwrite`` replaces it (not both)."""
+    if resume and overwrite:
+        raise LoopLMError("--resume continues <out_dir>/ckpt and --overwrite replaces it; pick one")
     ckpt = Path(training_folder(cfg).out_dir) / "ckpt"
     if resume or overwrite or not checkpoint_exists(ckpt):
         return
@@ -94,8 +96,9 @@ def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
 
 
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its data paths absolute (a ``text:`` corpus, ``data_dir``, ``cache_dir``), so
-    the config stored in the run folder and checkpoint reads the same files from any folder."""
+    """``cfg`` with its data paths absolute (a ``text:`` corpus, ``data_dir``, ``cache_dir``, the
+    ``init`` checkpoint and a LoRA adapter), so the config stored in the run folder and checkpoint
+    reads the same files from any folder."""
     from looplm.data.cache import absolute_dataset
 
     def absolute(p: str | None) -> str | None:
@@ -107,7 +110,8 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
         data_dir=absolute(cfg.data.data_dir),
         cache_dir=absolute(cfg.data.cache_dir),
     )
-    return dataclasses.replace(cfg, data=data)
+    lora = dataclasses.replace(cfg.lora, adapter=absolute(cfg.lora.adapter) or "")
+    return dataclasses.replace(cfg, data=data, init=absolute(cfg.init) or "", lora=lora)
 
 
 def progress_line(m: dict[str, Any], total: int) -> str:

@@ -177,6 +177,10 @@ class _Bundler:
             return module, name
         if name in mod.looplm_names:
             return self.resolve(*mod.looplm_names[name], seen=(*seen, (module, name)))
+        lazy = getattr(importlib.import_module(module), "__getattr__", None)
+        table = getattr(lazy, "table", None)  # a light package face (lazy_attributes)
+        if table and name in table:
+            return self.resolve(table[name], name, seen=(*seen, (module, name)))
         if importlib.util.find_spec(f"{module}.{name}") is not None:
             raise LoopLMError(
                 f"standalone export: {module}.{name} is a module; import names from it instead"

@@ -333,7 +333,7 @@ def model_facts(cfg: Any) -> tuple[str, int, int, int, int]:
     parameters counted on the meta device."""
     import torch
 
-    from looplm.model import model_from_config
+    from looplm.model.build import model_from_config
 
     with torch.device("meta"):
         n = model_from_config(cfg.model).num_parameters()

@@ -133,7 +133,7 @@ def published_model_config(
 
 def build_meta(mc: ModelConfig) -> torch.nn.Module:
     """The model of ``mc`` on the meta device (no memory; parameter counts and shapes)."""
-    from looplm.model import model_from_config
+    from looplm.model.build import model_from_config
 
     with torch.device("meta"):
         return model_from_config(mc)
