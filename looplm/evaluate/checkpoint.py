@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from looplm.errors import LoopLMError
 from looplm.evaluate.settings import EvalSettings
 
 
@@ -29,6 +30,11 @@ def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool = Tr
     from looplm.config import config_from_dict
     from looplm.evaluate import evaluate_checkpoint
 
+    if s.dataset is None and "pretrained" in read_meta(checkpoint)["state"]:
+        raise LoopLMError(
+            f"{checkpoint} is an imported checkpoint: it has no data of its own to evaluate; pass "
+            "--dataset text:PATH (a text file) or a corpus name (e.g. --dataset wikitext2)"
+        )
     result = evaluate_checkpoint(
         checkpoint, s.depths, dataset=s.dataset, split=s.split, data_dir=s.data_dir,
         max_tokens=s.max_tokens, batch_size=s.batch_size, device=s.device, progress=progress,
