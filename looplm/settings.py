@@ -228,7 +228,16 @@ def field_comments(cls: type) -> dict[str, str]:
                 continue
             last = lines[node.end_lineno - 1]
             comment = last.split("  # ", 1)[1].strip() if "  # " in last else ""
-            if not comment:
+            if comment:  # comment lines right below continue an unclosed "(" (mid-sentence)
+                j = node.end_lineno
+                while (
+                    j < len(lines)
+                    and lines[j].strip().startswith("#")
+                    and comment.count("(") > comment.count(")")
+                ):
+                    comment += " " + lines[j].strip().lstrip("#").strip()
+                    j += 1
+            else:
                 above, i = [], node.lineno - 2
                 while i >= 0 and lines[i].strip().startswith("#"):
                     above.insert(0, lines[i].strip().lstrip("#").strip())

@@ -278,7 +278,7 @@ BAD = [  # (body, status, param the error names or None, text in the message)
     (b'{"prompt": "a", "logprobs": 6}', 400, "logprobs", "[0, 5]"),
     (b'{"prompt": "a", "loops": 65}', 400, "loops", "[1, 64]"),
     (b'{"prompt": "a", "loops": 0}', 400, "loops", "[1, 64]"),
-    (b'{"prompt": "a", "halt": "magic"}', 400, "halt", "none, kl, update"),
+    (b'{"prompt": "a", "halt": "magic"}', 400, "halt", "none, kl, maxtoken"),
     (b'{"prompt": "a", "threshold": -1}', 400, "threshold", "out of range"),
     (b'{"prompt": "a", "temperature": -0.5}', 400, "temperature", "out of range"),
     (b'{"prompt": "a", "top_p": 0.5}', 400, "top_p", "allowed: 1"),

@@ -29,27 +29,33 @@ def register(sub: argparse._SubParsersAction) -> None:
             p.add_argument(f"--{f.name.replace('_', '-')}", action="store_true", help=help_[f.name])
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
+            text = help_[f.name]
+            # the default once: not when the comment already says what 0 or "" means
+            said = "default:" in text or f.default == "" or (f.default == 0 and "(0:" in text)
             p.add_argument(
                 f"--{f.name.replace('_', '-')}",
                 type=kind,
                 default=f.default,
-                help=f"{help_[f.name]} (default: {f.default})",
+                help=text if said else f"{text} (default: {f.default})",
             )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.serve.app import Server, load_state
+    from looplm.serve.app import Server, check_port_free, load_state, url_host
     from looplm.serve.settings import ServeSettings
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServeSettings)}
-    state = load_state(ServeSettings(**values))
+    settings = ServeSettings(**values)
+    settings.validate()
+    check_port_free(settings.host, settings.port)  # before the (slow) model load
+    state = load_state(settings)
     server = Server(state)
     s = state.settings
 
     def ready(port: int) -> None:
         print(
-            f"looplm serve: {state.model_name} at http://{s.host}:{port}/v1 "
+            f"looplm serve: {state.model_name} at http://{url_host(s.host)}:{port}/v1 "
             f"(slots {s.slots}, queue {s.max_queue}, loops {state.default_loops}, "
             f"halt {s.halt})",
             file=sys.stderr,
@@ -57,5 +63,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     server.run(on_ready=ready)
+    if server.interrupted:  # Ctrl-C: drained (or cut) as SIGTERM is, exit status 130
+        print("looplm serve: stopped (interrupted)", file=sys.stderr, flush=True)
+        return 130
     print("looplm serve: stopped", file=sys.stderr, flush=True)
     return 0

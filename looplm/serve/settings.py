@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from looplm.errors import LoopLMError
 
-# halt values a request may send: none, kl (KL between successive loops' predictions), update
-# (relative hidden update; looplm generate calls it maxtoken, also accepted), gate (a learned exit
-# gate's cumulative exit probability: Ouro's)
-HALT_NAMES = ("none", "kl", "update", "gate", "maxtoken")
+# halt values a request may send: none, kl (KL between successive loops' predictions), maxtoken
+# (relative hidden update, as looplm generate names it; "update" is accepted too), gate (a learned
+# exit gate's cumulative exit probability: Ouro's)
+HALT_NAMES = ("none", "kl", "maxtoken", "gate", "update")
 CHAT_TEMPLATES = ("none", "plain")
 
 
@@ -28,7 +28,9 @@ class ServeSettings:
     max_queue: int = 64  # requests waiting for a slot; one more is answered 429 with Retry-After
     loops: int = 0  # default loop depth T of a request (0: the checkpoint's training depth)
     max_loops: int = 64  # largest loop depth a request may ask for
-    halt: str = "none"  # default halting rule: none | kl | update (= maxtoken) | gate (Ouro's)
+    # default halting rule: none | kl (KL between loops < X) | maxtoken (relative hidden update
+    # < X; "update" too) | gate (a learned exit gate's exit probability >= X: Ouro's)
+    halt: str = "none"
     threshold: float = 0.0  # default halting threshold (0 never halts)
     prefill_halt: bool = False  # default: prompt tokens halt by the same rule too
     max_tokens: int = 256  # default number of tokens to generate when a request gives none
