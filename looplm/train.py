@@ -66,11 +66,12 @@ from looplm.distributed import (
 )
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
-from looplm.limits import cap_steps
+from looplm.limits import cap_steps, check_step_memory
 from looplm.model import model_from_config
 from looplm.model.block import Block
 from looplm.progress import progress_enabled
 from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
+from looplm.signals import Interrupted
 from looplm.targets import IGNORE_INDEX
 
 
@@ -250,6 +251,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         if rng and not dist.enabled:
             _set_rng_state(rng)
     source = make_source(cfg.data, cfg.model, cfg.train.seed)
+    check_step_memory(cfg, source.make_global_batch(0, 2)[0].shape[1], device)
     return TrainState(
         cfg, wrapped or model, optimizer, source, device, dist, step, [], model, wrapped
     )
@@ -332,13 +334,22 @@ def _eval_stats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loops:
     return torch.stack([s.nll.double(), s.n_tokens.double(), s.correct.double()])
 
 
+class _Stopped(Exception):
+    """A validation given up because the run was asked to stop."""
+
+
 @torch.no_grad()
-def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
+def evaluate_loss(
+    ts: TrainState, loops: int | None = None, stop: Callable[[], bool] | None = None
+) -> dict[str, float]:
     """Token-weighted validation NLL (and accuracy for tasks) at depth ``loops``.
 
     Distributed: the batches are split over ranks and the sums all-reduced (under FSDP every rank
-    makes the same number of forward calls, padding with a discarded batch).
+    makes the same number of forward calls, padding with a discarded batch). ``stop``, checked
+    before each batch on a single process, gives the validation up (:class:`_Stopped`).
     """
+    if stop is not None and ts.dist.world_size > 1:
+        stop = None  # every rank must make the same collective calls
     cfg = ts.cfg
     model = ts.raw_model or ts.model
     loops = loops or (cfg.train.depth_max if model.is_looped else cfg.model.n_layers)
@@ -349,6 +360,8 @@ def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
     ):
         if limit is not None and i >= limit:
             break
+        if stop is not None and stop():
+            raise _Stopped
         batches.append(b)
     world, rank = ts.dist.world_size, ts.dist.rank
     mine = batches[rank::world]
@@ -358,6 +371,9 @@ def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
         ts.wrapped.eval()
     acc = torch.zeros(3, dtype=torch.float64, device=ts.device)
     for i in range(n_calls):
+        if stop is not None and stop():
+            model.train()
+            raise _Stopped
         keep = i < len(mine)
         x, y = mine[i] if keep else batches[0]
         x, y = x.to(ts.device), y.to(ts.device)
@@ -380,11 +396,22 @@ def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- the loop
 class _StopFlag:
+    """SIGTERM / SIGINT during a training: the first one asks the loop to stop after the step
+    (checkpoint written); a second one — or any while ``now`` is set (the final validation, run
+    after the checkpoint is written) — stops at once by raising :class:`Interrupted`."""
+
     def __init__(self) -> None:
         self.signal: int | None = None
+        self.now = False
 
     def __call__(self, signum, frame) -> None:
+        first = self.signal is None
         self.signal = signum
+        if self.now or not first:
+            raise Interrupted(signum)
+
+    def stopped(self) -> bool:
+        return self.signal is not None
 
 
 def save(ts: TrainState) -> Path:
@@ -563,37 +590,61 @@ def _fit(
     flag = _StopFlag()
     old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
     meter = _Meter(ts, cfg)
-    tc = cfg.train
-    last: dict[str, Any] = {}
     try:
-        while ts.step < tc.steps:
-            m = train_step(ts)
-            meter.add(m)
-            log.step(m)
-            if ts.step % tc.log_every == 0 or ts.step == tc.steps:
-                meter.fill(m)
-                if tc.eval_every and ts.step % tc.eval_every == 0:
-                    m.update(evaluate_loss(ts))
-                log.write(m, ts.step)
-            last = m
-            if tc.ckpt_every and ts.step % tc.ckpt_every == 0:
-                save(ts)
-            reason = _stop_reason(ts, flag, meter, callbacks, m)
-            if reason is not None:
-                save(ts)
-                last["stopped"] = reason
-                if reason == "signal":
-                    last["signal"] = flag.signal or signal.SIGTERM
-                if not quiet and ts.dist.is_main:
-                    why = f"signal {last['signal']}" if reason == "signal" else reason
-                    print(f"{why}: checkpoint written at step {ts.step}", file=sys.stderr)
-                return last
-        final = evaluate_loss(ts)
-        last.update(final)
-        log.write({"step": ts.step, **final}, ts.step)
-        save(ts)
+        return _loop(ts, cfg, log, flag, meter, callbacks, quiet)
+    except Interrupted as exc:  # a second signal, or one during the final validation
+        if not quiet and ts.dist.is_main:
+            print(
+                f"signal {exc.signum}: stopped at once; the last checkpoint written stays",
+                file=sys.stderr,
+            )
+        return {"step": ts.step, "stopped": "signal", "signal": exc.signum}
     finally:
         log.close()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _loop(
+    ts: TrainState,
+    cfg: RunConfig,
+    log: _RunLog,
+    flag: _StopFlag,
+    meter: _Meter,
+    callbacks: list[StepCallback],
+    quiet: bool,
+) -> dict[str, Any]:
+    """The steps, then (checkpoint first) the final validation."""
+    tc = cfg.train
+    last: dict[str, Any] = {}
+    while ts.step < tc.steps:
+        m = train_step(ts)
+        meter.add(m)
+        log.step(m)
+        if ts.step % tc.log_every == 0 or ts.step == tc.steps:
+            meter.fill(m)
+            if tc.eval_every and ts.step % tc.eval_every == 0:
+                with contextlib.suppress(_Stopped):  # the stop below writes the checkpoint
+                    m.update(evaluate_loss(ts, stop=flag.stopped))
+            log.write(m, ts.step)
+        last = m
+        if tc.ckpt_every and ts.step % tc.ckpt_every == 0:
+            save(ts)
+        reason = _stop_reason(ts, flag, meter, callbacks, m)
+        if reason is not None:
+            save(ts)
+            last["stopped"] = reason
+            if reason == "signal":
+                last["signal"] = flag.signal or signal.SIGTERM
+            if not quiet and ts.dist.is_main:
+                why = f"signal {last['signal']}" if reason == "signal" else reason
+                print(f"{why}: checkpoint written at step {ts.step}", file=sys.stderr)
+            return last
+    save(ts)  # before the final validation, which may read a large held-out split
+    flag.now = True  # a signal from here on stops at once: the trained steps are saved
+    if flag.signal is not None:
+        raise Interrupted(flag.signal)
+    final = evaluate_loss(ts)
+    last.update(final)
+    log.write({"step": ts.step, **final}, ts.step)
     return last
