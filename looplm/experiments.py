@@ -139,13 +139,15 @@ def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[
     if not p.is_file():
         # a name (wt2_tiny), or a path inside the checkout's configs/ written from its root
         # (configs/experiments/wt2_tiny.yaml, configs/paper/table19.yaml) run from any folder
-        root = Path(__file__).resolve().parent.parent
-        cands = [root / "configs" / "experiments" / f"{path}.yaml"]
+        from looplm.config import configs_root
+
+        configs = configs_root()  # inside the package when installed from a wheel
+        cands = [configs / "experiments" / f"{path}.yaml"]
         if not p.is_absolute() and p.parts[:1] == ("configs",):
-            cands.insert(0, root / p)
+            cands.insert(0, configs.joinpath(*p.parts[1:]))
         p = next((c for c in cands if c.is_file()), None)
         if p is None:
-            known = sorted(q.stem for q in (root / "configs" / "experiments").glob("*.yaml"))
+            known = sorted(q.stem for q in (configs / "experiments").glob("*.yaml"))
             raise LoopLMError(
                 f"experiment config {str(path)!r} not found (a YAML path, or one of: "
                 f"{', '.join(known) or 'none'})"

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from looplm.adaptive.depth import evaluate_adaptive_checkpoint, store_adaptive
     from looplm.io import atomic_write_json
     from looplm.limits import check_output_file
+    from looplm.progress import progress_enabled
 
     settings, inputs = from_args(AdaptiveSettings, args), from_args(AdaptiveInputs, args)
     check_output_file("--out", inputs.out)  # before the evaluation, not after it
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=inputs.max_tokens,
         batch_size=inputs.batch_size,
         device=inputs.device,
-        progress=True,
+        progress=progress_enabled(),  # a terminal, unless LOOPLM_NO_PROGRESS=1
     )
     cfg = result.pop("config")
     print(format_table(result))

@@ -9,6 +9,7 @@ one JSON line per prompt, in input order, on stdout or in ``--out``. The options
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from looplm.generation import GenerateSettings
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     settings = from_args(GenerateSettings, args)  # --loops under the loop ceiling (--max-loops)
     check_output_file("--out", settings.out)  # before any decoding
     model, cfg, _ = load_checkpoint(args.checkpoint)
+    if settings.loops is None:  # the model's own depth, as `looplm serve` defaults to
+        settings = dataclasses.replace(settings, loops=cfg.train.depth_max)
     tok = get_tokenizer(cfg.model.tokenizer)
     if args.prompts is not None:
         print(generate_file(model, tok, args.prompts, settings), file=sys.stderr)

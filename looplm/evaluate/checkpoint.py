@@ -12,10 +12,14 @@ from looplm.errors import LoopLMError
 from looplm.evaluate.settings import EvalSettings
 
 
-def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool = True) -> tuple:
+def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool | None = None) -> tuple:
     """The evaluation ``settings`` ask for: ``(result, cfg, tag)`` — the JSON the command prints
-    (one row per depth, with ``nll_per_byte`` for corpora), the run's config and the eval tag."""
+    (one row per depth, with ``nll_per_byte`` for corpora), the run's config and the eval tag.
+    ``progress``: a bar (default: on a terminal, unless ``LOOPLM_NO_PROGRESS=1``)."""
     from looplm.evaluate.records import eval_tag
+    from looplm.progress import progress_enabled
+
+    progress = progress_enabled(progress)
 
     s = settings
     if s.lambada:
@@ -33,7 +37,7 @@ def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool = Tr
     if s.dataset is None and "pretrained" in read_meta(checkpoint)["state"]:
         raise LoopLMError(
             f"{checkpoint} is an imported checkpoint: it has no data of its own to evaluate; pass "
-            "--dataset text:PATH (a text file) or a corpus name (e.g. --dataset wikitext2)"
+            "--dataset text:PATH (a text file) or a corpus name (e.g. --dataset wikitext-2)"
         )
     result = evaluate_checkpoint(
         checkpoint, s.depths, dataset=s.dataset, split=s.split, data_dir=s.data_dir,
