@@ -71,7 +71,7 @@ from looplm.model import model_from_config
 from looplm.model.block import Block
 from looplm.progress import progress_enabled
 from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
-from looplm.signals import Interrupted
+from looplm.signals import Interrupted, StopFlag
 from looplm.targets import IGNORE_INDEX
 
 
@@ -334,22 +334,13 @@ def _eval_stats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loops:
     return torch.stack([s.nll.double(), s.n_tokens.double(), s.correct.double()])
 
 
-class _Stopped(Exception):
-    """A validation given up because the run was asked to stop."""
-
-
 @torch.no_grad()
-def evaluate_loss(
-    ts: TrainState, loops: int | None = None, stop: Callable[[], bool] | None = None
-) -> dict[str, float]:
+def evaluate_loss(ts: TrainState, loops: int | None = None, stop=None) -> dict[str, float]:
     """Token-weighted validation NLL (and accuracy for tasks) at depth ``loops``.
 
     Distributed: the batches are split over ranks and the sums all-reduced (under FSDP every rank
-    makes the same number of forward calls, padding with a discarded batch). ``stop``, checked
-    before each batch on a single process, gives the validation up (:class:`_Stopped`).
+    makes the same number of forward calls, padding with a discarded batch). ``stop()``: give up.
     """
-    if stop is not None and ts.dist.world_size > 1:
-        stop = None  # every rank must make the same collective calls
     cfg = ts.cfg
     model = ts.raw_model or ts.model
     loops = loops or (cfg.train.depth_max if model.is_looped else cfg.model.n_layers)
@@ -360,8 +351,8 @@ def evaluate_loss(
     ):
         if limit is not None and i >= limit:
             break
-        if stop is not None and stop():
-            raise _Stopped
+        if stop is not None and ts.dist.world_size == 1 and stop():  # ranks call alike
+            return {}  # asked to stop: the run's checkpoint comes next
         batches.append(b)
     world, rank = ts.dist.world_size, ts.dist.rank
     mine = batches[rank::world]
@@ -371,9 +362,6 @@ def evaluate_loss(
         ts.wrapped.eval()
     acc = torch.zeros(3, dtype=torch.float64, device=ts.device)
     for i in range(n_calls):
-        if stop is not None and stop():
-            model.train()
-            raise _Stopped
         keep = i < len(mine)
         x, y = mine[i] if keep else batches[0]
         x, y = x.to(ts.device), y.to(ts.device)
@@ -395,25 +383,6 @@ def evaluate_loss(
 
 
 # ----------------------------------------------------------------------------- the loop
-class _StopFlag:
-    """SIGTERM / SIGINT during a training: the first one asks the loop to stop after the step
-    (checkpoint written); a second one — or any while ``now`` is set (the final validation, run
-    after the checkpoint is written) — stops at once by raising :class:`Interrupted`."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self.now = False
-
-    def __call__(self, signum, frame) -> None:
-        first = self.signal is None
-        self.signal = signum
-        if self.now or not first:
-            raise Interrupted(signum)
-
-    def stopped(self) -> bool:
-        return self.signal is not None
-
-
 def save(ts: TrainState) -> Path:
     """Write ``<out_dir>/ckpt`` (rank 0; under FSDP every rank helps gather the full state)."""
     path = Path(ts.cfg.out_dir) / "ckpt"
@@ -566,7 +535,7 @@ def fit(
 
 
 def _stop_reason(
-    ts: TrainState, flag: _StopFlag, meter: _Meter, callbacks: list[StepCallback], m: dict
+    ts: TrainState, flag: StopFlag, meter: _Meter, callbacks: list[StepCallback], m: dict
 ) -> str | None:
     """Why to stop after this step (the same answer on every rank), or None."""
     limit = ts.cfg.train.max_wall_s
@@ -587,64 +556,45 @@ def _fit(
     callbacks: list[StepCallback],
 ) -> dict[str, Any]:
     log = _RunLog(ts, cfg, progress, quiet)
-    flag = _StopFlag()
+    flag = StopFlag()
     old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
     meter = _Meter(ts, cfg)
     try:
-        return _loop(ts, cfg, log, flag, meter, callbacks, quiet)
+        tc = cfg.train
+        last: dict[str, Any] = {}
+        while ts.step < tc.steps:
+            m = train_step(ts)
+            meter.add(m)
+            log.step(m)
+            if ts.step % tc.log_every == 0 or ts.step == tc.steps:
+                meter.fill(m)
+                if tc.eval_every and ts.step % tc.eval_every == 0:
+                    m.update(evaluate_loss(ts, stop=flag.stopped))
+                log.write(m, ts.step)
+            last = m
+            if tc.ckpt_every and ts.step % tc.ckpt_every == 0:
+                save(ts)
+            reason = _stop_reason(ts, flag, meter, callbacks, m)
+            if reason is not None:
+                save(ts)
+                last["stopped"] = reason
+                if reason == "signal":
+                    last["signal"] = flag.signal or signal.SIGTERM
+                if not quiet and ts.dist.is_main:
+                    why = f"signal {last['signal']}" if reason == "signal" else reason
+                    print(f"{why}: checkpoint written at step {ts.step}", file=sys.stderr)
+                return last
+        save(ts)  # before the final validation, which may read a large held-out split
+        flag.at_once()  # a signal from here on stops at once: the trained steps are saved
+        final = evaluate_loss(ts)
+        last.update(final)
+        log.write({"step": ts.step, **final}, ts.step)
+        return last
     except Interrupted as exc:  # a second signal, or one during the final validation
         if not quiet and ts.dist.is_main:
-            print(
-                f"signal {exc.signum}: stopped at once; the last checkpoint written stays",
-                file=sys.stderr,
-            )
+            print(f"signal {exc.signum}: stopped at once (last checkpoint kept)", file=sys.stderr)
         return {"step": ts.step, "stopped": "signal", "signal": exc.signum}
     finally:
         log.close()
         for s, h in old.items():
             signal.signal(s, h)
-
-
-def _loop(
-    ts: TrainState,
-    cfg: RunConfig,
-    log: _RunLog,
-    flag: _StopFlag,
-    meter: _Meter,
-    callbacks: list[StepCallback],
-    quiet: bool,
-) -> dict[str, Any]:
-    """The steps, then (checkpoint first) the final validation."""
-    tc = cfg.train
-    last: dict[str, Any] = {}
-    while ts.step < tc.steps:
-        m = train_step(ts)
-        meter.add(m)
-        log.step(m)
-        if ts.step % tc.log_every == 0 or ts.step == tc.steps:
-            meter.fill(m)
-            if tc.eval_every and ts.step % tc.eval_every == 0:
-                with contextlib.suppress(_Stopped):  # the stop below writes the checkpoint
-                    m.update(evaluate_loss(ts, stop=flag.stopped))
-            log.write(m, ts.step)
-        last = m
-        if tc.ckpt_every and ts.step % tc.ckpt_every == 0:
-            save(ts)
-        reason = _stop_reason(ts, flag, meter, callbacks, m)
-        if reason is not None:
-            save(ts)
-            last["stopped"] = reason
-            if reason == "signal":
-                last["signal"] = flag.signal or signal.SIGTERM
-            if not quiet and ts.dist.is_main:
-                why = f"signal {last['signal']}" if reason == "signal" else reason
-                print(f"{why}: checkpoint written at step {ts.step}", file=sys.stderr)
-            return last
-    save(ts)  # before the final validation, which may read a large held-out split
-    flag.now = True  # a signal from here on stops at once: the trained steps are saved
-    if flag.signal is not None:
-        raise Interrupted(flag.signal)
-    final = evaluate_loss(ts)
-    last.update(final)
-    log.write({"step": ts.step, **final}, ts.step)
-    return last

@@ -74,7 +74,7 @@ def test_report_says_when_it_replaces_an_earlier_one(tmp_path, capsys, monkeypat
 
 def test_license_file_is_the_one_pyproject_names():
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert re.search(r'^license = \{ text = "MIT" \}', pyproject, re.M)
+    assert re.search(r'^license = (\{ text = )?"MIT"', pyproject, re.M)
     assert (REPO / "LICENSE").read_text().startswith("MIT License")
 
 
@@ -91,3 +91,26 @@ def test_help_texts_name_what_can_be_passed():
     assert "tiny_bool" in _help("train") and "own_text" in _help("train")
     assert "text:PATH" in re.sub(r"\s+", " ", _help("eval"))
     assert "HRM-Text" in _help("import")
+
+
+def test_every_shipped_config_is_package_data():
+    """pyproject's package-data globs take every file under configs/ into the wheel (through the
+    looplm/configs link), so an installed looplm finds what the checkout finds."""
+    from pathlib import PurePosixPath
+
+    from looplm.config import CONFIG_DIR
+
+    assert CONFIG_DIR == REPO / "looplm" / "configs" or CONFIG_DIR.resolve() == REPO / "configs"
+    assert (REPO / "looplm" / "configs").resolve() == (REPO / "configs").resolve()
+    block = re.search(
+        r"\[tool.setuptools.package-data\]\nlooplm = \[(.*?)\]",
+        (REPO / "pyproject.toml").read_text(),
+    )
+    globs = [g.strip().strip('"') for g in block.group(1).split(",")]
+    files = [p.relative_to(REPO / "configs") for p in (REPO / "configs").rglob("*") if p.is_file()]
+    assert files
+    for f in files:
+        path = PurePosixPath("configs", f.as_posix())  # a glob's "*" stays inside one folder
+        assert any(
+            len(path.parts) == len(PurePosixPath(g).parts) and path.match(g) for g in globs
+        ), f

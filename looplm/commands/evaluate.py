@@ -4,8 +4,7 @@
     looplm eval runs/x/ckpt --dataset c4 --split train --max-tokens 8192 --store runs/results.sqlite
     looplm eval runs/x/ckpt --lambada ../shared/data/lambada --max-examples 500 --store ...
 
-The options are :class:`~looplm.evaluate.settings.EvalSettings`; the work is
-:func:`looplm.evaluate.checkpoint.evaluate_one`.
+The options are :class:`~looplm.evaluate.settings.EvalSettings`; the work is ``evaluate_one``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import argparse
 import json
 import sys
 
-from looplm.errors import LoopLMError
 from looplm.evaluate.settings import EvalSettings
 from looplm.options import add_options, from_args
 
@@ -35,29 +33,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.evaluate.checkpoint import evaluate_one, store_rows
-    from looplm.io import atomic_write_json, finite_json
+    from looplm.io import atomic_write_json
     from looplm.limits import check_output_file
 
     settings = from_args(EvalSettings, args)  # depths under the loop ceiling (--max-loops)
     check_output_file("--out", settings.out)  # before the evaluation, not after it
-    result, cfg, tag = evaluate_one(args.checkpoint, settings)
-    result, bad = finite_json(result)  # JSON has no NaN: a non-finite loss is written as null
-    if bad:
-        print(
-            f"warning: {len(bad)} value(s) are not finite (first: {bad[0]}; the weights or the "
-            "logits hold NaN or infinity): written as null",
-            file=sys.stderr,
-        )
+    result, cfg, tag = evaluate_one(args.checkpoint, settings)  # NaN written as null
     # The results are printed and written before the store is touched: a store that cannot be
     # written (full disk, read-only) loses nothing that was computed.
     if settings.out:
         atomic_write_json(settings.out, result)
     print(json.dumps(result, indent=2), flush=True)
-    if settings.store and bad:
-        raise LoopLMError(
-            f"--store {settings.store}: not storing rows with non-finite values ({bad[0]}); the "
-            "printed JSON has them as null"
-        )
     if settings.store:
         stored = store_rows(args.checkpoint, settings, result, cfg, tag)
         print(

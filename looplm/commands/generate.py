@@ -2,14 +2,12 @@
 at a fixed loop depth or with per-token adaptive depth (``--halt kl|maxtoken --threshold X``).
 
 `looplm generate CHECKPOINT --prompts FILE`: many prompts (one per line, or JSONL with per-prompt
-settings) streamed through ``--slots`` batch slots (continuous batching, :mod:`looplm.batching`);
-one JSON line per prompt, in input order, on stdout or in ``--out``. The options are
-:class:`~looplm.generation.GenerateSettings`."""
+settings) streamed through ``--slots`` batch slots (continuous batching); one JSON line per
+prompt, in input order, on stdout or in ``--out``. Options: ``GenerateSettings``."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from looplm.generation import GenerateSettings
@@ -52,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_args(GenerateSettings, args)  # --loops under the loop ceiling (--max-loops)
     check_output_file("--out", settings.out)  # before any decoding
     model, cfg, _ = load_checkpoint(args.checkpoint)
-    if settings.loops is None:  # the model's own depth, as `looplm serve` defaults to
-        settings = dataclasses.replace(settings, loops=cfg.train.depth_max)
+    settings.loops = settings.loops or cfg.train.depth_max  # the model's own, as serve's
     tok = get_tokenizer(cfg.model.tokenizer)
     if args.prompts is not None:
         print(generate_file(model, tok, args.prompts, settings), file=sys.stderr)

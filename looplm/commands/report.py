@@ -7,7 +7,6 @@ grid reads the same dataclass); the work is :func:`looplm.results.report.write_r
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from looplm.errors import LoopLMError
@@ -34,15 +33,10 @@ def _parse_seeds(text: str) -> str | list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Build the report; prints its paired-delta and φ tables and the paths written."""
-    from looplm.results.report import key_tables, write_report
+    from looplm.results.report import key_tables, report_folder, write_report
 
     settings = from_args(ReportSettings, args, seeds=_parse_seeds(args.seeds))
-    out = Path(args.out) if args.out else Path(args.store).resolve().parent / "report"
-    if not args.out and (out / "report.md").is_file():  # said even with --quiet: never silent
-        print(
-            f"note: replacing the earlier report in {out} (pass --out FOLDER to keep it)",
-            file=sys.stderr,
-        )
+    out = report_folder(args.store, args.out)  # says when it replaces an earlier report
     # a reference in neither the store nor the default is a typo, refused before any work
     result = write_report(args.store, out, settings, known_methods=[DEFAULT_REFERENCE])
     if not args.quiet:

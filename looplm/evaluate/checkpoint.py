@@ -45,7 +45,23 @@ def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool | No
     )  # fmt: skip
     cfg = config_from_dict(read_meta(checkpoint)["config"])
     add_per_byte(result, cfg, s)
-    return result, cfg, eval_tag(s.tag, max_tokens=result.get("max_tokens"))
+    return finite(result), cfg, eval_tag(s.tag, max_tokens=result.get("max_tokens"))
+
+
+def finite(result: dict) -> dict:
+    """``result`` with NaN / infinite numbers as None (JSON has no NaN), and one warning line."""
+    import sys
+
+    from looplm.io import finite_json
+
+    out, bad = finite_json(result)
+    if bad:
+        print(
+            f"warning: {len(bad)} value(s) are not finite (first: {bad[0]}; the weights or the "
+            "logits hold NaN or infinity): written as null",
+            file=sys.stderr,
+        )
+    return out
 
 
 def store_rows(checkpoint: str, settings: EvalSettings, result: dict, cfg: Any, tag: str) -> dict:
@@ -53,6 +69,12 @@ def store_rows(checkpoint: str, settings: EvalSettings, result: dict, cfg: Any, 
     (transfer) or the run's own (fixed); returns what the printed JSON says about them."""
     from looplm.evaluate.kinds import get_kind
     from looplm.results.store import ResultsStore
+
+    if any(r.get("nll") is None for r in result["results"] if "nll" in r):
+        raise LoopLMError(
+            f"--store {settings.store}: not storing rows whose loss is not finite; the printed "
+            "JSON has them as null"
+        )
 
     kind = "lambada" if settings.lambada else "fixed"
     if not settings.lambada and result["dataset"] != cfg.data.dataset:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -485,6 +486,17 @@ def _check_reference(
         f"reference {reference!r} is not a method; allowed (the methods in {store_path}): "
         f"{', '.join(in_store)}"
     )
+
+
+def report_folder(store: str | os.PathLike, out: str | os.PathLike | None) -> Path:
+    """``out``, else ``<store folder>/report``; replacing an earlier report there is said on
+    stderr (even under ``--quiet``: a report is never replaced silently)."""
+    if out:
+        return Path(out)
+    folder = Path(store).resolve().parent / "report"
+    if (folder / "report.md").is_file():
+        print(f"note: replacing the earlier report in {folder} (--out keeps it)", file=sys.stderr)
+    return folder
 
 
 def write_report(

@@ -277,9 +277,7 @@ def _fault_cause(exc: sqlite3.Error, path: Path) -> str:
         )
     if "unable to open" in text:
         return f"SQLite cannot open or create it in {folder} ({text})"
-    if "disk I/O error" in text:
-        return f"an I/O error in {folder}: a failing or full device ({text})"
-    return text
+    return f"an I/O error in {folder}: a failing or full device ({text})" if "I/O" in text else text
 
 
 class ResultsStore:

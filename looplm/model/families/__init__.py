@@ -221,8 +221,6 @@ def import_tokenizer(folder: Path, tokenizer: str | None, vocab_size: int) -> Pa
     """The tokenizer an import carries: ``tokenizer`` (a ``tokenizer.json`` path, a folder
     holding one, or ``gpt2``), else the source's ``tokenizer.json``, else GPT-2's when the model's
     vocabulary can hold it; each file is loaded and checked before anything is written."""
-    from looplm.data.tokenizers import FileTokenizer
-
     if tokenizer in ("gpt2",):
         return tokenizer
     if tokenizer is not None:
@@ -248,10 +246,16 @@ def import_tokenizer(folder: Path, tokenizer: str | None, vocab_size: int) -> Pa
             file=sys.stderr,
         )
         return "gpt2"
-    tok = FileTokenizer(path.resolve())  # an unreadable file: one line naming it
-    if tok.vocab_size > vocab_size:  # added tokens past the embedding: a note, not a refusal
+    try:  # an unreadable file: one line naming it (the model layer reads no looplm.data)
+        from tokenizers import Tokenizer
+
+        n_tokens = Tokenizer.from_file(str(path)).get_vocab_size()
+    except Exception as exc:  # tokenizers raises plain Exception for unreadable files
+        msg = " ".join(str(exc).split())
+        raise LoopLMError(f"could not load the tokenizer {str(path)!r}: {msg}") from None
+    if n_tokens > vocab_size:  # added tokens past the embedding: a note, not a refusal
         print(
-            f"note: {path} has {tok.vocab_size} tokens but the model's vocabulary holds "
+            f"note: {path} has {n_tokens} tokens but the model's vocabulary holds "
             f"{vocab_size}; text that uses the extra ones cannot be read (pass --tokenizer PATH "
             "to give the model's own)",
             file=sys.stderr,
