@@ -208,3 +208,14 @@ def test_eval_of_a_nan_model_writes_valid_json(tmp_path, capsys, monkeypatch):
         row = json.loads(text, parse_constant=no_nan)["results"][0]
         assert row["nll"] is None
     assert "not finite" in captured.err
+
+
+def test_a_sweep_refused_for_missing_data_leaves_no_lock_only_folders(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("LOOPLM_DATA_DIR", str(tmp_path / "no_data"))
+    assert main(["sweep", "wt2_tiny", "--no-report"]) == 2
+    _error(capsys)
+    assert not (tmp_path / "runs").exists(), sorted(tmp_path.rglob("*"))
