@@ -68,6 +68,8 @@ def test_report_says_when_it_replaces_an_earlier_one(tmp_path, capsys, monkeypat
     report = ["report", str(store), "--quiet", "--no-figures", "--seeds", "0"]
     assert main(report) == 0
     assert "replacing" not in capsys.readouterr().err
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**Bold**" not in md and "nothing to compare" in md  # one method: no bold promised
     assert main(report) == 0
     assert f"replacing the earlier report in {tmp_path / 'report'}" in capsys.readouterr().err
 

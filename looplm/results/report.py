@@ -141,7 +141,9 @@ class DepthSection(ReportSection):
         lines, dec = self._table(rows, labels, depths, ppl)
         self.report.md += lines
         bold_note = "**Bold**: lowest mean per column"
-        if any(k[0].startswith(REFERENCE_PREFIX) for k in rows):
+        if len(rows) < 2:  # nothing is bolded in a table of one row: say so, promise nothing
+            bold_note = "One method: nothing to compare (no bold)"
+        elif any(k[0].startswith(REFERENCE_PREFIX) for k in rows):
             bold_note += " among shared-block rows (unshared* rows are absolute references)"
         bold_note += "."
         if not all(s.complete for s in ppl.values()):
@@ -169,7 +171,10 @@ class DepthSection(ReportSection):
             self.report.md += ["### Task accuracy (%, mean ± std over seeds)", ""]
             lines, adec = self._table(rows, labels, depths, acc, scale=100.0, lower_is_better=False)
             self.report.md += lines
-            self.report.md += ["", "**Bold**: highest mean per column.", ""]
+            note = (
+                "**Bold**: highest mean per column." if len(rows) > 1 else "(No bold: one method.)"
+            )
+            self.report.md += ["", note, ""]
             if self.report.make_figures and len(depths) >= 2:
                 self._accuracy_figure(ctx, rows, labels, depths, acc, entry)
             acc_recs = [r for r in recs if has_accuracy(r)]
