@@ -75,9 +75,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 _KEY_VALUE_LISTS = ("overrides", "settings")
 
 
+STDOUT = "standard output"
+
+
+class _NamedStdout:
+    """``sys.stdout`` whose write faults (``> /dev/full``, a full disk) name it, so the error
+    line says where the results were being written."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _named(self, exc: OSError) -> OSError:
+        if isinstance(exc, BrokenPipeError) or exc.filename is not None:
+            return exc
+        return OSError(exc.errno, exc.strerror, STDOUT)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise self._named(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise self._named(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Keep Python's exit-time flush of a failed stdout from printing a second error."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+    except (OSError, AttributeError, ValueError):  # no real file descriptor (captured output)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit status."""
     args = parse_args(argv)
+    real = sys.stdout
+    sys.stdout = _NamedStdout(real)
+    try:
+        return _run(args)
+    finally:
+        sys.stdout = real
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe (``| head``) surfaces here, not at interpreter exit
@@ -93,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         # storage faults (full disk, read-only folder, no permission): one line naming the path;
         # whatever was finished before the fault (checkpoints, store rows, printed results) stays
+        if exc.filename == STDOUT:
+            print(
+                f"error: {describe_os_error(exc)}: the printed results are incomplete (where the "
+                "command has --out FILE, it writes them to a file)",
+                file=sys.stderr,
+            )
+            _silence_stdout()
+            return 1
         print(f"error: {describe_os_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -81,6 +81,25 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def finite_json(obj: Any, where: str = "") -> tuple[Any, list[str]]:
+    """``obj`` with every NaN / infinite float replaced by ``None`` (JSON has no NaN: Python's
+    ``json`` would write an invalid ``NaN``), and the paths (``results.0.nll``) it replaced."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, [where]
+    if isinstance(obj, dict):
+        out, bad = {}, []
+        for k, v in obj.items():
+            out[k], b = finite_json(v, f"{where}.{k}".lstrip("."))
+            bad += b
+        return out, bad
+    if isinstance(obj, (list, tuple)):
+        items = [finite_json(v, f"{where}.{i}".lstrip(".")) for i, v in enumerate(obj)]
+        return [v for v, _ in items], [p for _, b in items for p in b]
+    return obj, []
+
+
 @contextlib.contextmanager
 def file_lock(path: str | os.PathLike, *, wait: bool = True) -> Iterator[bool]:
     """An exclusive advisory lock on ``path`` (created if missing) for the block: yields True

@@ -54,3 +54,29 @@ def raise_if_stopped(last: dict[str, Any]) -> None:
     """Raise :class:`Interrupted` when ``fit``'s last metrics say a signal ended the training."""
     if last.get("stopped") == "signal":
         raise Interrupted(int(last.get("signal") or signal.SIGTERM))
+
+
+class StopFlag:
+    """SIGTERM / SIGINT during a training (installed as their handler): the first one asks the
+    loop to stop after the step (checkpoint written); a second one — or any while ``now`` is set
+    (the final validation, run after the checkpoint is written) — stops at once by raising
+    :class:`Interrupted`."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.now = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        first = self.signal is None
+        self.signal = signum
+        if self.now or not first:
+            raise Interrupted(signum)
+
+    def stopped(self) -> bool:
+        return self.signal is not None
+
+    def at_once(self) -> None:
+        """From now on a signal stops at once (raises); one already received does so now."""
+        self.now = True
+        if self.signal is not None:
+            raise Interrupted(self.signal)

@@ -16,6 +16,33 @@ torch.set_num_threads(1)
 os.environ.setdefault("LOOPLM_NO_PROGRESS", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Token caches and their locks go to a folder of this session, never the user's real
+    ``~/.cache/looplm`` (unless LOOPLM_CACHE_DIR names one on purpose)."""
+    if os.environ.get("LOOPLM_CACHE_DIR"):
+        yield
+        return
+    os.environ["LOOPLM_CACHE_DIR"] = str(tmp_path_factory.mktemp("looplm_cache"))
+    try:
+        yield
+    finally:
+        os.environ.pop("LOOPLM_CACHE_DIR", None)
+
+
+_RUNS = REPO / "runs"
+_RUNS_BEFORE = _RUNS.exists()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test that trains into the checkout's runs/ (a relative out_dir, a default config's
+    runs/NAME) is a failure: the suite must leave the checkout as it found it."""
+    if not _RUNS_BEFORE and _RUNS.exists():
+        left = sorted(str(p.relative_to(REPO)) for p in _RUNS.rglob("*"))[:5]
+        print(f"\nerror: the tests wrote into the checkout: {', '.join(left)}")
+        session.exitstatus = 1
+
+
 def data_dir() -> Path:
     """The shared real-data folder by looplm's own lookup ($LOOPLM_DATA_DIR, then
     <repo>/../shared/data); that folder, possibly missing, when neither exists."""

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -338,3 +339,12 @@ def test_info_reports_a_damaged_cache(small_wiki, tmp_path, data_cli, capsys):
         f.write(b"\0\0")
     assert data_cli(["data", "info", str(out)]) == 1  # a damaged cache is a failure: scripts see it
     assert "[corrupt (token file has" in capsys.readouterr().out
+
+
+def test_the_suite_never_writes_the_users_cache() -> None:
+    """conftest points LOOPLM_CACHE_DIR at a folder of this session: a test that imports a
+    checkpoint or tokenizes a corpus leaves ~/.cache/looplm alone."""
+    from looplm.data.cache import default_cache_dir
+
+    home = Path("~/.cache/looplm").expanduser().resolve()
+    assert default_cache_dir().resolve() != home

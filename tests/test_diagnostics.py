@@ -264,3 +264,12 @@ def test_diagnostics_run_for_every_registered_recurrence():
         s = res["summary"]
         assert s["anchor_energy_T"] is not None and math.isfinite(s["anchor_energy_T"]), name
         assert math.isfinite(s["gain_t0"]), name
+
+
+def test_the_r_t_title_says_when_the_bars_are_past_the_trained_depth():
+    from looplm.diagnostics.plots import last_step_text
+
+    row = {"summary": {"last_step": 47}, "convergence": {"ref_depth": 8}}
+    assert last_step_text([row]) == "t = 47 (T = 48, extra-loop: trained to T ≤ 8)"
+    inside = {"summary": {"last_step": 7}, "convergence": {"ref_depth": 8}}
+    assert last_step_text([inside]) == "t = 7"

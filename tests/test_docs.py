@@ -3,6 +3,7 @@ working method (the registry-parametrised tests pass on it), and the README link
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -114,3 +115,15 @@ def test_the_example_analysis_is_a_plugin_with_kind_section_and_command(tmp_path
         assert out.returncode == 2 and msg in out.stderr and out.stderr.count("\n") == 1
     out = subprocess.run([*run, "settings"], cwd=REPO, env=env, capture_output=True, text=True)
     assert "`evaluate.stepsize.loops`" in out.stdout
+
+
+def test_readme_lists_every_command() -> None:
+    """The README's command list is the CLI's: no command left out, none that does not exist."""
+    from looplm.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"Commands: `looplm ([^`]+)`", text.replace("\n", " ")).group(1)
+    listed = {c.strip() for c in block.split("|")}
+    assert listed == set(sub.choices)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,6 +154,16 @@ def test_standalone_source_imports_nothing_from_looplm() -> None:
             assert not any(a.name.split(".")[0] == "looplm" for a in node.names)
     names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
     assert {"LoopLMForCausalLM", "LoopedLM", "Block", "SCSE", "model_from_config"} <= names
+
+
+def test_the_docs_state_the_standalone_size() -> None:
+    """docs/generation.md's "about N lines" is within 15% of what --standalone writes."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "generation.md").read_text()
+    stated = int(re.search(r"about ([\d,]+) lines", text).group(1).replace(",", ""))
+    actual = len(standalone_source("0.0-test").splitlines())
+    assert abs(actual - stated) <= 0.15 * stated, (stated, actual)
 
 
 def test_plain_export_writes_the_tokenizer_and_keeps_the_wrapper(tmp_path) -> None:

@@ -540,3 +540,16 @@ def test_lens_cli_on_an_unshared_model_fits_one_lens_per_layer(tmp_path, capsys)
     assert (out / "lens_angles.png").is_file() and "stationarity" not in res["structure"]
     assert main(argv + ["--loops", "3"]) == 2
     assert "unshared model has 2 layers" in capsys.readouterr().err
+
+
+def test_a_kl_band_never_goes_below_zero():
+    """The lens figures shade mean ± CI; a KL's band is cut at 0 (a wide interval around a small
+    KL drew a negative KL on the symlog axis), other metrics keep theirs."""
+    import numpy as np
+
+    from looplm.lens.plots import band
+
+    mean, ci = np.array([0.001, 0.5]), np.array([0.004, 0.1])
+    lo, hi = band(mean, ci, nonnegative=True)
+    assert lo.tolist() == [0.0, 0.4] and np.allclose(hi, [0.005, 0.6])
+    assert band(mean, ci)[0][0] < 0

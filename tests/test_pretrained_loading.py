@@ -95,12 +95,12 @@ def test_pretrained_hub_id_offline_names_the_local_folder_form(tmp_path, monkeyp
 
 
 def test_pretrained_import_writes_a_normal_checkpoint_with_the_tokenizer(tmp_path, capsys):
-    src = _copy("huginn", tmp_path)
-    (src / "tokenizer.json").write_text('{"version": "1.0"}')
+    src = _copy("huginn", tmp_path)  # the fixture's own (character) tokenizer.json
     assert main(["import", str(src), str(tmp_path / "ckpt")]) == 0
     assert "imported" in capsys.readouterr().out
     model, cfg, meta = load_checkpoint(tmp_path / "ckpt")
-    assert (tmp_path / "ckpt" / "tokenizer.json").read_text() == '{"version": "1.0"}'
+    tok = (src / "tokenizer.json").read_text()
+    assert (tmp_path / "ckpt" / "tokenizer.json").read_text() == tok
     assert meta["state"]["pretrained"]["family"] == "huginn"
     assert cfg.train.depth_max == 32 and 64 in cfg.eval.depths  # trained T, and beyond it
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))

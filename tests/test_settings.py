@@ -55,6 +55,29 @@ def test_every_setting_needs_a_comment_to_be_documented() -> None:
         settings_table(Undocumented, "x.")
 
 
+def test_a_comment_continued_below_its_field_is_read_whole() -> None:
+    @dataclasses.dataclass
+    class Continued:
+        layers: list = dataclasses.field(default_factory=list)  # layers (prelude, core
+        # order) that get it
+        # Section heading of the next fields.
+        rate: float = 0.5  # the rate
+
+    rows = settings_table(Continued, "x.")
+    assert rows[2].endswith("| layers (prelude, core order) that get it |")
+    assert rows[3].endswith("| the rate |")
+
+
+def test_no_setting_description_stops_mid_sentence() -> None:
+    """Every description in docs/configuration.md closes the parentheses it opens."""
+    from looplm.experiments.reference import configuration_markdown
+
+    for line in configuration_markdown().splitlines():
+        if line.startswith("| `"):
+            meaning = line.rsplit(" | ", 1)[-1]
+            assert meaning.count("(") == meaning.count(")"), line
+
+
 def _grid(tmp_path: Path, **top) -> Path:
     raw = {"base": {"model": {"preset": "tiny"}}, "methods": ["scse"], **top}
     path = tmp_path / "g.yaml"

@@ -57,6 +57,7 @@ def format_table(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from looplm.adaptive.depth import evaluate_adaptive_checkpoint, store_adaptive
     from looplm.io import atomic_write_json
+    from looplm.progress import progress_enabled
     from looplm.settings.limits import check_output_file
 
     settings, inputs = from_args(AdaptiveSettings, args), from_args(AdaptiveInputs, args)
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=inputs.max_tokens,
         batch_size=inputs.batch_size,
         device=inputs.device,
-        progress=True,
+        progress=progress_enabled(),  # a terminal, unless LOOPLM_NO_PROGRESS=1
     )
     cfg = result.pop("config")
     print(format_table(result))

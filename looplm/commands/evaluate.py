@@ -4,8 +4,7 @@
     looplm eval runs/x/ckpt --dataset c4 --split train --max-tokens 8192 --store runs/results.sqlite
     looplm eval runs/x/ckpt --lambada ../shared/data/lambada --max-examples 500 --store ...
 
-The options are :class:`~looplm.evaluate.settings.EvalSettings`; the work is
-:func:`looplm.evaluate.checkpoint.evaluate_one`.
+The options are :class:`~looplm.evaluate.settings.EvalSettings`; the work is ``evaluate_one``.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = from_args(EvalSettings, args)  # depths under the loop ceiling (--max-loops)
     check_output_file("--out", settings.out)  # before the evaluation, not after it
-    result, cfg, tag = evaluate_one(args.checkpoint, settings)
+    result, cfg, tag = evaluate_one(args.checkpoint, settings)  # NaN written as null
     # The results are printed and written before the store is touched: a store that cannot be
     # written (full disk, read-only) loses nothing that was computed.
     if settings.out:

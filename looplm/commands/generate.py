@@ -2,9 +2,8 @@
 at a fixed loop depth or with per-token adaptive depth (``--halt kl|update|gate --threshold X``).
 
 `looplm generate CHECKPOINT --prompts FILE`: many prompts (one per line, or JSONL with per-prompt
-settings) streamed through ``--slots`` batch slots (continuous batching, :mod:`looplm.decoding.batching`);
-one JSON line per prompt, in input order, on stdout or in ``--out``. The options are
-:class:`~looplm.decoding.generate.GenerateSettings`."""
+settings) streamed through ``--slots`` batch slots (continuous batching); one JSON line per
+prompt, in input order, on stdout or in ``--out``. Options: ``GenerateSettings``."""
 
 from __future__ import annotations
 
@@ -51,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_args(GenerateSettings, args)  # --loops under the loop ceiling (--max-loops)
     check_output_file("--out", settings.out)  # before any decoding
     model, cfg, _ = load_checkpoint(args.checkpoint)
+    settings.loops = settings.loops or cfg.train.depth_max  # the model's own, as serve's
     tok = get_tokenizer(cfg.model.tokenizer)
     if args.prompts is not None:
         print(generate_file(model, tok, args.prompts, settings), file=sys.stderr)

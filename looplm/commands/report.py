@@ -33,10 +33,10 @@ def _parse_seeds(text: str) -> str | list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Build the report; prints its paired-delta and φ tables and the paths written."""
-    from looplm.results.report import key_tables, write_report
+    from looplm.results.report import key_tables, report_folder, write_report
 
     settings = from_args(ReportSettings, args, seeds=_parse_seeds(args.seeds))
-    out = Path(args.out) if args.out else Path(args.store).resolve().parent / "report"
+    out = report_folder(args.store, args.out)  # says when it replaces an earlier report
     # a reference in neither the store nor the default is a typo, refused before any work
     result = write_report(args.store, out, settings, known_methods=[DEFAULT_REFERENCE])
     if not args.quiet:

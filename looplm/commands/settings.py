@@ -19,9 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.experiments.reference import configuration_markdown
-    from looplm.settings.plugins import command_settings
 
-    text = configuration_markdown(command_settings())
+    text = configuration_markdown()
     if args.out:
         from looplm.io import atomic_write_text
 

@@ -8,16 +8,18 @@ import os
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from looplm.settings.config import config_names
+
     p = sub.add_parser(
         "train",
         help="train a model from a YAML config (+ key=value overrides)",
-        description="Train a looped LM. CONFIG is a YAML file or the name of one in configs/; "
-        "override any setting with dotted key=value pairs, e.g. train.steps=200 "
-        "model.recurrence=looped out_dir=runs/x; init=CKPT fine-tunes a checkpoint "
-        "(docs/finetune.md). A folder that already holds a checkpoint is "
-        "refused unless --resume (continue it) or --overwrite (replace it) is given.",
+        description="Train a looped LM. CONFIG is a YAML file or the name of one shipped with "
+        "looplm; override any setting (docs/configuration.md) with key=value, e.g. train.steps=200"
+        " out_dir=runs/x; init=CKPT fine-tunes a checkpoint (docs/finetune.md). A folder that "
+        "already holds a checkpoint is refused unless --resume (continue it) or --overwrite "
+        "(replace it) is given.",
     )
-    p.add_argument("config", help="YAML config path or name in configs/ (e.g. tiny_bool)")
+    p.add_argument("config", help=f"YAML config path, or one of: {', '.join(config_names())}")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     p.add_argument("--resume", action="store_true", help="continue from <out_dir>/ckpt exactly")
     p.add_argument(

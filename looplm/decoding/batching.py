@@ -72,6 +72,12 @@ class Request:
             raise LoopLMError(f"temperature={self.temperature!r} must be >= 0")
         if self.top_k is not None and (isinstance(self.top_k, bool) or self.top_k < 1):
             raise LoopLMError(f"top_k={self.top_k!r} must be an integer >= 1")
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not 0 <= self.seed < 2**63
+        ):
+            raise LoopLMError(f"seed={self.seed!r} must be an integer in [0, 2**63 - 1]")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or self.logprobs < 0):
             raise LoopLMError(f"logprobs={self.logprobs!r} must be an integer >= 0")
 

@@ -21,20 +21,22 @@ from looplm.settings import setting
 PROMPT_KEYS = ("prompt", "max_tokens", "temperature", "top_k", "seed")
 # per-token halting rules of decoding (:mod:`looplm.model.halting_rules`), and old names
 HALTS = RuleNames(extra=("none",), suffix=tuple(RENAMED), decoding=True)
+SEED_MAX = 2**63 - 1  # the largest seed a torch generator takes
 
 
 @dataclass
 class GenerateSettings:
     """Decoding: depth, halting, sampling, and (for a prompt file) batching."""
 
-    loops: int = setting(8, lo=1, loops=True, what="the loop depth T")  # loop depth T
+    # loop depth T (default: the depth the checkpoint was trained to, train.depth_max, as serve)
+    loops: int | None = setting(None, lo=1, loops=True, what="the loop depth T")
     # the largest loop depth accepted (default: the usual ceiling, 256, or $LOOPLM_MAX_LOOPS)
     max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
     # tokens to generate (printed as they are made; Ctrl-C stops); --max-new: its old name
     max_tokens: int = setting(32, lo=1, renamed=("max_new",))
     temperature: float = setting(0.0, lo=0)  # 0: greedy
     top_k: int | None = setting(None, lo=1)  # sample among the k most likely (default: all)
-    seed: int = setting(0, lo=0)  # seed of the sampler
+    seed: int = setting(0, lo=0, hi=SEED_MAX)  # seed of the sampler
     cache: bool = True  # keep a KV cache per loop step (--no-cache: recompute the prefix)
     # per-token halting: kl = KL(p_t||p_t-1) < X, update = relative hidden update < X, gate = a
     # learned exit gate's cumulative exit probability >= X (Ouro); maxtoken: the old name of update

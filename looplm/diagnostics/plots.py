@@ -40,6 +40,18 @@ def _val(x) -> float:
     return float("nan") if x is None else float(x)
 
 
+def last_step_text(results: Sequence[dict]) -> str:
+    """``t = 47 (T = 48; trained to T ≤ 8)``: the step the bars show, and, where the unroll goes
+    past the depth the models were trained to, that it is extra-loop."""
+    steps = sorted({r["summary"]["last_step"] for r in results})
+    text = f"t = {'/'.join(map(str, steps))}"
+    trained = sorted({r.get("convergence", {}).get("ref_depth") for r in results} - {None})
+    if trained and steps[-1] + 1 > trained[-1]:
+        loops = "/".join(str(t + 1) for t in steps)
+        text += f" (T = {loops}, extra-loop: trained to T ≤ {'/'.join(map(str, trained))})"
+    return text
+
+
 def plot_rt_bars(results: Sequence[dict], path: str | os.PathLike) -> None:
     """R_t at the last step (bars) and at t = 0 (open markers) per checkpoint; unit reference."""
     labels = [r["label"] for r in results]
@@ -69,9 +81,8 @@ def plot_rt_bars(results: Sequence[dict], path: str | os.PathLike) -> None:
                 transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.3")  # fmt: skip
     ax.set_ylim(0, top * 1.25)
     ax.set_xticks(x, labels, rotation=15 if len(results) > 3 else 0)
-    steps = sorted({r["summary"]["last_step"] for r in results})
     ax.set_ylabel("R_t  (Eq. 9)")
-    ax.set_title(f"Pointwise forcing-bias energy ratio, bars at t = {'/'.join(map(str, steps))}")
+    ax.set_title(f"Pointwise forcing-bias energy ratio, bars at {last_step_text(results)}")
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     _save(fig, path)
 

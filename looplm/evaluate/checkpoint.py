@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from looplm.errors import LoopLMError
 from looplm.evaluate.settings import EvalSettings
 
 
-def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool = True) -> tuple:
+def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool | None = None) -> tuple:
     """The evaluation ``settings`` ask for: ``(result, cfg, tag)`` — the JSON the command prints
-    (one row per depth, with ``nll_per_byte`` for corpora), the run's config and the eval tag."""
+    (one row per depth, with ``nll_per_byte`` for corpora), the run's config and the eval tag.
+    ``progress``: a bar (default: on a terminal, unless ``LOOPLM_NO_PROGRESS=1``)."""
     from looplm.evaluate.records import eval_tag
+    from looplm.progress import progress_enabled
+
+    progress = progress_enabled(progress)
 
     s = settings
     if s.lambada:  # the LAMBADA analysis, found through the kinds' registry
@@ -26,13 +31,34 @@ def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool = Tr
     from looplm.model.checkpoint import read_meta
     from looplm.settings.config import config_from_dict
 
+    if s.dataset is None and "pretrained" in read_meta(checkpoint)["state"]:
+        raise LoopLMError(
+            f"{checkpoint} is an imported checkpoint: it has no data of its own to evaluate; pass "
+            "--dataset text:PATH (a text file) or a corpus name (e.g. --dataset wikitext-2)"
+        )
     result = evaluate_checkpoint(
         checkpoint, s.depths, dataset=s.dataset, split=s.split, data_dir=s.data_dir,
         max_tokens=s.max_tokens, batch_size=s.batch_size, device=s.device, progress=progress,
     )  # fmt: skip
     cfg = config_from_dict(read_meta(checkpoint)["config"])
     add_per_byte(result, cfg, s)
-    return result, cfg, eval_tag(s.tag, max_tokens=result.get("max_tokens"))
+    return finite(result), cfg, eval_tag(s.tag, max_tokens=result.get("max_tokens"))
+
+
+def finite(result: dict) -> dict:
+    """``result`` with NaN / infinite numbers as None (JSON has no NaN), and one warning line."""
+    import sys
+
+    from looplm.io import finite_json
+
+    out, bad = finite_json(result)
+    if bad:
+        print(
+            f"warning: {len(bad)} value(s) are not finite (first: {bad[0]}; the weights or the "
+            "logits hold NaN or infinity): written as null",
+            file=sys.stderr,
+        )
+    return out
 
 
 def store_rows(checkpoint: str, settings: EvalSettings, result: dict, cfg: Any, tag: str) -> dict:
@@ -40,6 +66,12 @@ def store_rows(checkpoint: str, settings: EvalSettings, result: dict, cfg: Any, 
     (transfer) or the run's own (fixed); returns what the printed JSON says about them."""
     from looplm.evaluate.kinds import get_kind
     from looplm.results.store import ResultsStore
+
+    if any(r.get("nll") is None for r in result["results"] if "nll" in r):
+        raise LoopLMError(
+            f"--store {settings.store}: not storing rows whose loss is not finite; the printed "
+            "JSON has them as null"
+        )
 
     kind = "lambada" if settings.lambada else "fixed"
     if not settings.lambada and result["dataset"] != cfg.data.dataset:

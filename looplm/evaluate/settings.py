@@ -34,7 +34,9 @@ class EvalSettings:
     depths: list[int] = setting(list(DEFAULT_DEPTHS), lo=1, loops=True, parse=parse_depths)
     # the largest loop depth accepted (default: the usual ceiling, 256, or $LOOPLM_MAX_LOOPS)
     max_loops: int | None = setting(None, lo=1, raises_ceiling=True)
-    dataset: str | None = None  # evaluate on another dataset (held-out transfer)
+    # evaluate on another dataset (held-out transfer): a corpus name (wikitext-2, c4, …) or
+    # text:PATH, a local .txt / .jsonl file
+    dataset: str | None = None
     split: str | None = None  # evaluation split (default: the run's eval split)
     data_dir: str | None = None  # folder with local corpora
     # cap on evaluated tokens (>= 1, checked with the option's name)

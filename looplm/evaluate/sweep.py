@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from looplm.data.corpora import canonical_split
 from looplm.data.sources import DataSource
 
 
@@ -37,7 +38,7 @@ def depth_sweep(
     t0 = time.perf_counter()
     batches = source.eval_batches(batch_size, max_tokens, n_examples)
     # counted in loop steps, not batches: a deep sweep spends minutes inside one batch
-    bar = tqdm(disable=not progress, desc="eval", unit="loop", leave=False)
+    bar = tqdm(disable=not progress, desc="eval (loop steps)", unit="step", leave=False)
     for i, (x, y) in enumerate(batches, 1):
         x, y = x.to(device), y.to(device)
         done = 0
@@ -110,7 +111,7 @@ def evaluate_checkpoint(
         "method": cfg.method_label,
         "preset": cfg.model.preset,
         "dataset": cfg.data.dataset,
-        "split": cfg.data.eval_split,
+        "split": canonical_split(cfg.data.eval_split),  # the store's name: validation
         "seed": cfg.train.seed,
         "step": meta["state"].get("step"),
         "max_tokens": max_tokens,

@@ -3,15 +3,35 @@ folder holds a lock, and a cell another process holds is passed over and came ba
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 LOCK_NAME = ".sweep.lock"  # per run folder: one sweep process trains a cell at a time
+LOCK_FILES = {LOCK_NAME, ".train.lock"}  # what a cell's folder holds before anything is written
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _no_lock_only_folder(run_dir: Path) -> Iterator[None]:
+    """A cell refused before it wrote anything (missing data, a bad setting) leaves no run folder
+    holding only lock files, nor the empty folders made for it."""
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        if made and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= LOCK_FILES:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            for folder in made[1:]:  # the parents made for it, while empty
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        raise
 
 
 def each_cell_locked(
@@ -29,7 +49,10 @@ def each_cell_locked(
 
     busy: list[tuple[int, Any]] = []
     for i, plan in cells:
-        with file_lock(plan.run_dir / LOCK_NAME, wait=False) as held:
+        with (
+            _no_lock_only_folder(plan.run_dir),
+            file_lock(plan.run_dir / LOCK_NAME, wait=False) as held,
+        ):
             if not held:
                 _log(f"[{what} {i}/{n}] {plan.label}: another process holds it; later")
                 busy.append((i, plan))

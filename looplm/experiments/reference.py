@@ -136,8 +136,13 @@ def _commands(commands: list[tuple[str, list[type]]]) -> list[str]:
     return out
 
 
-def configuration_markdown(commands: list[tuple[str, list[type]]]) -> str:
+def configuration_markdown(commands: list[tuple[str, list[type]]] | None = None) -> str:
     """The whole reference, as ``docs/configuration.md`` holds it; ``commands`` are the commands
-    whose options are made from settings dataclasses: (title, classes) each."""
+    whose options are made from settings dataclasses: (title, classes) each (default: every
+    command the command line finds, :func:`looplm.settings.plugins.command_settings`)."""
+    if commands is None:
+        from looplm.settings.plugins import command_settings
+
+        commands = command_settings()
     lines = [HEADER, *_run_config(), *_methods(), *_grid(), *_commands(commands)]
     return "\n".join(lines).rstrip() + "\n"

@@ -45,7 +45,6 @@ from looplm.progress import progress_enabled
 from looplm.results.settings import ReportSettings
 from looplm.settings import build_settings, depth_list, load_yaml, merge
 from looplm.settings.config import (
-    CONFIG_DIR,
     UNSHARED,
     RunConfig,
     config_from_dict,
@@ -145,12 +144,15 @@ def _read_yaml(path: str | os.PathLike, full: bool = False) -> tuple[Path, dict[
     if not p.is_file():
         # a name (wt2_tiny), or a path inside the checkout's configs/ written from its root
         # (configs/experiments/wt2_tiny.yaml, configs/paper/table19.yaml) run from any folder
-        cands = [CONFIG_DIR / "experiments" / f"{path}.yaml"]
+        from looplm.settings.config import configs_root
+
+        configs = configs_root()  # inside the package when installed from a wheel
+        cands = [configs / "experiments" / f"{path}.yaml"]
         if not p.is_absolute() and p.parts[:1] == ("configs",):
-            cands.insert(0, CONFIG_DIR.joinpath(*p.parts[1:]))
+            cands.insert(0, configs.joinpath(*p.parts[1:]))
         p = next((c for c in cands if c.is_file()), None)
         if p is None:
-            known = sorted(q.stem for q in (CONFIG_DIR / "experiments").glob("*.yaml"))
+            known = sorted(q.stem for q in (configs / "experiments").glob("*.yaml"))
             raise LoopLMError(
                 f"experiment config {str(path)!r} not found (a YAML path, or one of: "
                 f"{', '.join(known) or 'none'})"

@@ -29,6 +29,13 @@ ARM_COLORS = {"jacobian": "C0", "logit": "C1", "tuned": "C2"}
 ARM_NAMES = {"jacobian": "J-lens", "logit": "logit lens", "tuned": "tuned lens"}
 
 
+def band(mean: np.ndarray, ci: np.ndarray, *, nonnegative: bool = False) -> tuple:
+    """The shaded interval ``mean ± ci``; for a quantity that cannot be negative (a KL) its
+    lower edge is cut at 0, so a symlog axis never shows a negative KL."""
+    lo, hi = mean - ci, mean + ci
+    return (np.maximum(lo, 0.0) if nonnegative else lo), hi
+
+
 def _nan(x) -> float:
     return float("nan") if x is None else float(x)
 
@@ -100,12 +107,14 @@ def plot_fidelity(result: dict[str, Any], path: Path) -> Path:
                 ax.plot(
                     x, mean, marker=".", color=ARM_COLORS.get(arm), label=ARM_NAMES.get(arm, arm)
                 )
-                ax.fill_between(x, mean - ci, mean + ci, color=ARM_COLORS.get(arm), alpha=0.2)
+                lo, hi = band(mean, ci, nonnegative=metric == "kl")
+                ax.fill_between(x, lo, hi, color=ARM_COLORS.get(arm), alpha=0.2)
             steps = fid["band"]["kl"]["steps"]
             if steps and metric == "kl":
                 ax.axvspan(min(steps) / int(T), max(steps) / int(T), color="C0", alpha=0.08)
             if metric == "kl":
                 ax.set_yscale("symlog", linthresh=1e-3)
+                ax.set_ylim(bottom=0)  # a KL is never negative
             if metric == "pass_at_k":
                 name = f"pass@{fid['k']}"
             ax.set_ylabel(name)
@@ -183,12 +192,14 @@ def plot_layers(result: dict[str, Any], path: Path) -> Path:
             ci = np.nan_to_num(np.array([_nan(r["ci"]) for r in rows[metric]]))
             x = np.arange(len(mean))
             ax.plot(x, mean, marker=".", color=ARM_COLORS.get(arm), label=ARM_NAMES.get(arm, arm))
-            ax.fill_between(x, mean - ci, mean + ci, color=ARM_COLORS.get(arm), alpha=0.2)
+            lo, hi = band(mean, ci, nonnegative=metric == "kl")
+            ax.fill_between(x, lo, hi, color=ARM_COLORS.get(arm), alpha=0.2)
         for b in range(p, len(mean) - c + 1, k):  # the first layer of every step, the coda's
             if 0 < b < len(mean):
                 ax.axvline(b - 0.5, color="0.7", lw=0.8, ls=":")
         if metric == "kl":
             ax.set_yscale("symlog", linthresh=1e-3)
+            ax.set_ylim(bottom=0)  # a KL is never negative
         ax.set_ylabel(name)
     axes[0].set_title(
         f"per layer at T = {result['loops']}: {p} prelude + {k} per loop step + {c} coda"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -120,6 +121,7 @@ class DepthSection(ReportSection):
             rows, labels, depths, header, cells, scale=scale, lower_is_better=lower_is_better
         )
 
+    # long: one section's tables (PPL, deltas, accuracy) share the rows and cells built at its top
     def _fixed_section(self, ctx: dict[str, str], recs: list[EvalRecord]) -> None:
         title = context_title(ctx)
         rows = row_keys(recs, self.report.reference)
@@ -138,7 +140,9 @@ class DepthSection(ReportSection):
         lines, dec = self._table(rows, labels, depths, ppl)
         self.report.md += lines
         bold_note = "**Bold**: lowest mean per column"
-        if any(k[0].startswith(REFERENCE_PREFIX) for k in rows):
+        if len(rows) < 2:  # nothing is bolded in a table of one row: say so, promise nothing
+            bold_note = "One method: nothing to compare (no bold)"
+        elif any(k[0].startswith(REFERENCE_PREFIX) for k in rows):
             bold_note += " among shared-block rows (unshared* rows are absolute references)"
         bold_note += "."
         if not all(s.complete for s in ppl.values()):
@@ -166,7 +170,10 @@ class DepthSection(ReportSection):
             self.report.md += ["### Task accuracy (%, mean ± std over seeds)", ""]
             lines, adec = self._table(rows, labels, depths, acc, scale=100.0, lower_is_better=False)
             self.report.md += lines
-            self.report.md += ["", "**Bold**: highest mean per column.", ""]
+            note = (
+                "**Bold**: highest mean per column." if len(rows) > 1 else "(No bold: one method.)"
+            )
+            self.report.md += ["", note, ""]
             if self.report.make_figures and len(depths) >= 2:
                 self._accuracy_figure(ctx, rows, labels, depths, acc, entry)
             acc_recs = [r for r in recs if has_accuracy(r)]
@@ -421,6 +428,17 @@ def _check_reference(
         f"reference {reference!r} is not a method; allowed (the methods in {store_path}): "
         f"{', '.join(in_store)}"
     )
+
+
+def report_folder(store: str | os.PathLike, out: str | os.PathLike | None) -> Path:
+    """``out``, else ``<store folder>/report``; replacing an earlier report there is said on
+    stderr (even under ``--quiet``: a report is never replaced silently)."""
+    if out:
+        return Path(out)
+    folder = Path(store).resolve().parent / "report"
+    if (folder / "report.md").is_file():
+        print(f"note: replacing the earlier report in {folder} (--out keeps it)", file=sys.stderr)
+    return folder
 
 
 def write_report(

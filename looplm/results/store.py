@@ -253,6 +253,33 @@ def _is_disk_full(exc: sqlite3.Error, path: Path) -> bool:
     return io and disk_nearly_full(str(path))
 
 
+def _fault_cause(exc: sqlite3.Error, path: Path) -> str:
+    """What SQLite's terse "unable to open database file" / "attempt to write a readonly
+    database" / "disk I/O error" means here: the folder and the cause, where they can be told."""
+    from looplm.errors import disk_nearly_full
+
+    text = str(exc)
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        return f"its folder {folder} does not exist (SQLite: {text})"
+    if disk_nearly_full(str(folder)):
+        return f"the disk holding {folder} is full (SQLite: {text}); free some space or write the store elsewhere"
+    readonly = "readonly" in text or "read-only" in text
+    if (
+        readonly
+        or not os.access(folder, os.W_OK)
+        or (path.exists() and not os.access(path, os.W_OK))
+    ):
+        return (
+            f"the store or its folder {folder} is read-only (no write permission or a read-only "
+            f"file system; SQLite writes a journal beside the store) (SQLite: {text}); write the "
+            "store in a writable folder"
+        )
+    if "unable to open" in text:
+        return f"SQLite cannot open or create it in {folder} ({text})"
+    return f"an I/O error in {folder}: a failing or full device ({text})" if "I/O" in text else text
+
+
 class ResultsStore:
     """SQLite results store keyed by evaluation identity (see the module docstring for the schema).
 
@@ -335,7 +362,7 @@ class ResultsStore:
                 conn = self._connection()
             except sqlite3.Error as exc:
                 raise LoopLMError(
-                    f"results store {str(self.path)!r}: cannot open it ({exc})"
+                    f"results store {str(self.path)!r}: cannot open it: {_fault_cause(exc, self.path)}"
                 ) from exc
             try:
                 return fn(conn)
@@ -352,7 +379,9 @@ class ResultsStore:
                         "space or write the store elsewhere"
                     ) from exc
                 if not _is_locked(exc):
-                    raise LoopLMError(f"results store {str(self.path)!r}: {exc}") from exc
+                    raise LoopLMError(
+                        f"results store {str(self.path)!r}: {_fault_cause(exc, self.path)}"
+                    ) from exc
                 if time.monotonic() > deadline:
                     raise LoopLMError(
                         f"results store {str(self.path)!r} stayed locked for more than "

@@ -228,7 +228,16 @@ def field_comments(cls: type) -> dict[str, str]:
                 continue
             last = lines[node.end_lineno - 1]
             comment = last.split("  # ", 1)[1].strip() if "  # " in last else ""
-            if not comment:
+            if comment:  # comment lines right below continue an unclosed "(" (mid-sentence)
+                j = node.end_lineno
+                while (
+                    j < len(lines)
+                    and lines[j].strip().startswith("#")
+                    and comment.count("(") > comment.count(")")
+                ):
+                    comment += " " + lines[j].strip().lstrip("#").strip()
+                    j += 1
+            else:
                 above, i = [], node.lineno - 2
                 while i >= 0 and lines[i].strip().startswith("#"):
                     above.insert(0, lines[i].strip().lstrip("#").strip())
@@ -262,7 +271,7 @@ def allowed_text(f: dataclasses.Field) -> str:
         parts.append(" \\| ".join(str(c) for c in meta["choices"]))
     lo, hi, cap = meta.get("lo"), meta.get("hi"), meta.get("cap")
     if lo is not None and hi is not None:
-        parts.append(f"{lo:g}..{hi:g}")
+        parts.append(f"{_num(lo)}..{_num(hi)}")
     elif lo is not None:
         parts.append(f">= {lo:g}")
     elif hi is not None:
@@ -377,6 +386,11 @@ def check_field(
         check_ceiling(key, depths, max_loops, offer_flag and key.startswith("--"))
 
 
+def _num(x: float) -> str:
+    """An integer as written (every digit: a seed), a float in short form."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _check_range(meta: Any, value: Any, key: str, large: bool | None) -> None:
     lo, hi, cap, choices = meta.get("lo"), meta.get("hi"), meta.get("cap"), meta.get("choices")
     sep = " " if key.startswith("--") else "="  # an option reads as typed: --loops 0
@@ -387,8 +401,8 @@ def _check_range(meta: Any, value: Any, key: str, large: bool | None) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            lo_s = "" if lo is None else f"{lo:g}"
-            hi_s = "" if hi is None else f"{hi:g}"
+            lo_s = "" if lo is None else _num(lo)
+            hi_s = "" if hi is None else _num(hi)
             span = f"{lo_s}..{hi_s}" if lo_s and hi_s else (f">= {lo_s}" if lo_s else f"<= {hi_s}")
             words = f"in {span}" if ".." in span else span
             if isinstance(v, int) and hi is None and lo in (0, 1):  # the usual words for counts
@@ -396,7 +410,7 @@ def _check_range(meta: Any, value: Any, key: str, large: bool | None) -> None:
             what = f" ({meta['what']} must be {span})" if meta.get("what") else ""
             if not what and words == "a positive integer":
                 what = " (>= 1)"  # the range, named as every range error names it
-            raise LoopLMError(f"{key}{sep}{v:g} must be {words}{what}")
+            raise LoopLMError(f"{key}{sep}{_num(v)} must be {words}{what}")
         if cap is not None and v > cap and not (allow_large() if large is None else large):
             raise LoopLMError(
                 f"{key}{sep}{v:g} is above the usual cap {cap:g} (it costs time in proportion); "

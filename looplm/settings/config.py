@@ -428,8 +428,22 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return parse_key_values(overrides)
 
 
-# the configs folder every command reads names from (run configs, experiment grids, the paper)
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+def configs_root() -> Path:
+    """The folder of looplm's shipped configs (run configs, experiment grids, the paper's tables):
+    ``looplm/configs`` inside the package (what an installed wheel has; in the checkout a link to
+    the top-level ``configs/``), else the checkout's ``configs/``."""
+    package = Path(__file__).resolve().parents[1]
+    inside = package / "configs"
+    return inside if inside.is_dir() else package.parent / "configs"
+
+
+# the configs folder every command reads names from
+CONFIG_DIR = configs_root()
+
+
+def config_names() -> list[str]:
+    """The names ``looplm train NAME`` takes (the run configs shipped with looplm)."""
+    return sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
 
 
 def resolve_config_path(path_or_name: str) -> Path:
@@ -440,7 +454,7 @@ def resolve_config_path(path_or_name: str) -> Path:
     for cand in (CONFIG_DIR / path_or_name, CONFIG_DIR / f"{path_or_name}.yaml"):
         if cand.is_file():
             return cand
-    known = sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+    known = config_names()
     raise LoopLMError(
         f"config {path_or_name!r} not found (a YAML path, or one of: {', '.join(known) or 'none'})"
     )

@@ -94,6 +94,11 @@ def check_output_folder(flag: str, path: str | os.PathLike | None) -> None:
     if str(path).strip() == "":
         raise LoopLMError(f"{_named(flag, '')} is empty; give a folder path")
     p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise LoopLMError(
+            f"{_named(flag, p)} is a symbolic link that leads nowhere (a loop, or its target "
+            f"{os.readlink(p)!r} is missing); remove it or choose another path"
+        )
     if p.exists() and not p.is_dir():
         raise LoopLMError(
             f"{_named(flag, p)} is a file; it must be a folder (remove it or choose another path)"
@@ -143,3 +148,48 @@ def cap_steps(ts: Any, cfg: Any, quiet: bool = False) -> None:
             file=sys.stderr,
         )
     cfg.train.steps = ts.cfg.train.steps = ts.step + cap
+
+
+def available_memory(device: Any) -> int | None:
+    """Bytes free for a training step on ``device`` (a GPU's free memory; on the CPU the
+    kernel's MemAvailable), or None where it cannot be told."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def step_memory_floor(cfg: Any, row_len: int, device: Any) -> int:
+    """A lower bound on one micro-batch's training memory in bytes: every unrolled layer keeps at
+    least its input, its attention output and its MLP hidden layer per token for the backward
+    pass ((2·d + d_ff) values), and the readout its logits (V values); 2 bytes a value on a GPU
+    (bf16 autocast), 4 on the CPU. Real steps need more, so a refusal is never wrong."""
+    m, t = cfg.model, cfg.train
+    looped = m.recurrence != "unshared"
+    layers = (
+        m.prelude_layers + m.coda_layers + m.core_layers * t.depth_max if looped else m.n_layers
+    )
+    per_token = layers * (2 * m.d_model + m.d_ff) + m.vocab_size
+    width = 2 if getattr(device, "type", "cpu") == "cuda" else 4
+    return t.batch_size * row_len * per_token * width
+
+
+def check_step_memory(cfg: Any, row_len: int, device: Any) -> None:
+    """One line, before the first step, when ``train.batch_size`` cannot fit in memory."""
+    need = step_memory_floor(cfg, row_len, device)
+    free = available_memory(device)
+    if free is not None and need > free:
+        gib = 1 << 30
+        raise LoopLMError(
+            f"train.batch_size={cfg.train.batch_size} needs at least {need / gib:.1f} GiB for one "
+            f"step ({row_len} tokens a row, depth {cfg.train.depth_max}) but {free / gib:.1f} GiB "
+            "are free; lower train.batch_size (train.grad_accum=N keeps the optimizer's batch)"
+        )

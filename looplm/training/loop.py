@@ -55,7 +55,8 @@ from looplm.model.checkpoint import (
 )
 from looplm.progress import progress_enabled
 from looplm.settings.config import RunConfig, dump_config
-from looplm.settings.limits import cap_steps
+from looplm.settings.limits import cap_steps, check_step_memory
+from looplm.signals import Interrupted, StopFlag
 from looplm.targets import IGNORE_INDEX
 from looplm.training import run_folder
 from looplm.training.distributed import (
@@ -253,6 +254,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         if rng and not dist.enabled:
             _set_rng_state(rng)
     source = make_source(cfg.data, window_model(cfg), cfg.train.seed)
+    check_step_memory(cfg, source.make_global_batch(0, 2)[0].shape[1], device)
     return TrainState(
         cfg, wrapped or model, optimizer, source, device, dist, step, [], model, wrapped
     )
@@ -340,11 +342,11 @@ def _eval_stats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loops:
 
 
 @torch.no_grad()
-def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
+def evaluate_loss(ts: TrainState, loops: int | None = None, stop=None) -> dict[str, float]:
     """Token-weighted validation NLL (and accuracy for tasks) at depth ``loops``.
 
     Distributed: the batches are split over ranks and the sums all-reduced (under FSDP every rank
-    makes the same number of forward calls, padding with a discarded batch).
+    makes the same number of forward calls, padding with a discarded batch). ``stop()``: give up.
     """
     cfg = ts.cfg
     model = ts.raw_model or ts.model
@@ -356,6 +358,8 @@ def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
     ):
         if limit is not None and i >= limit:
             break
+        if stop is not None and ts.dist.world_size == 1 and stop():  # ranks call alike
+            return {}  # asked to stop: the run's checkpoint comes next
         batches.append(b)
     world, rank = ts.dist.world_size, ts.dist.rank
     mine = batches[rank::world]
@@ -386,14 +390,6 @@ def evaluate_loss(ts: TrainState, loops: int | None = None) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- the loop
-class _StopFlag:
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def __call__(self, signum, frame) -> None:
-        self.signal = signum
-
-
 def save(ts: TrainState) -> Path:
     """Write ``<out_dir>/ckpt`` (rank 0; under FSDP every rank helps gather the full state)."""
     path = Path(ts.cfg.out_dir) / "ckpt"
@@ -542,7 +538,7 @@ def fit(
 
 
 def _stop_reason(
-    ts: TrainState, flag: _StopFlag, meter: _Meter, callbacks: list[StepCallback], m: dict
+    ts: TrainState, flag: StopFlag, meter: _Meter, callbacks: list[StepCallback], m: dict
 ) -> str | None:
     """Why to stop after this step (the same answer on every rank), or None."""
     limit = ts.cfg.train.max_wall_s
@@ -563,12 +559,12 @@ def _fit(
     callbacks: list[StepCallback],
 ) -> dict[str, Any]:
     log = _RunLog(ts, cfg, progress, quiet)
-    flag = _StopFlag()
+    flag = StopFlag()
     old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
     meter = _Meter(ts, cfg)
-    tc = cfg.train
-    last: dict[str, Any] = {}
     try:
+        tc = cfg.train
+        last: dict[str, Any] = {}
         while ts.step < tc.steps:
             m = train_step(ts)
             meter.add(m)
@@ -576,7 +572,7 @@ def _fit(
             if ts.step % tc.log_every == 0 or ts.step == tc.steps:
                 meter.fill(m)
                 if tc.eval_every and ts.step % tc.eval_every == 0:
-                    m.update(evaluate_loss(ts))
+                    m.update(evaluate_loss(ts, stop=flag.stopped))
                 log.write(m, ts.step)
             last = m
             if tc.ckpt_every and ts.step % tc.ckpt_every == 0:
@@ -591,12 +587,17 @@ def _fit(
                     why = f"signal {last['signal']}" if reason == "signal" else reason
                     print(f"{why}: checkpoint written at step {ts.step}", file=sys.stderr)
                 return last
+        save(ts)  # before the final validation, which may read a large held-out split
+        flag.at_once()  # a signal from here on stops at once: the trained steps are saved
         final = evaluate_loss(ts)
         last.update(final)
         log.write({"step": ts.step, **final}, ts.step)
-        save(ts)
+        return last
+    except Interrupted as exc:  # a second signal, or one during the final validation
+        if not quiet and ts.dist.is_main:
+            print(f"signal {exc.signum}: stopped at once (last checkpoint kept)", file=sys.stderr)
+        return {"step": ts.step, "stopped": "signal", "signal": exc.signum}
     finally:
         log.close()
         for s, h in old.items():
             signal.signal(s, h)
-    return last

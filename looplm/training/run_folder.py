@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -60,6 +61,14 @@ def training_folder(cfg: RunConfig) -> RunConfig:
     from looplm.settings.limits import check_output_folder
 
     check_output_folder("out_dir=", cfg.out_dir)
+    out = Path(cfg.out_dir).absolute()
+    for folder in (out, *out.parents):
+        if (folder / "state.json").is_file() and (folder / "model.safetensors").is_file():
+            where = "is" if folder == out else f"lies inside {folder}, which is"
+            raise LoopLMError(
+                f"out_dir={cfg.out_dir} {where} a checkpoint folder; a run folder holds its "
+                "checkpoint in <out_dir>/ckpt: choose an out_dir outside it"
+            )
     return cfg
 
 
@@ -71,12 +80,27 @@ def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
     releases it when the holder exits, kill -9 included, so a dead run never blocks a resume.
     The lock file names its holder (pid, host, start time) for the error message. Under torchrun
     rank 0 holds it for every rank of the job (the other ranks take no lock)."""
-    from looplm.io import file_lock
-
     if os.environ.get("RANK", "0") != "0":  # rank 0 holds it for every rank of a torchrun job
         yield
         return
     path = Path(out_dir) / TRAIN_LOCK
+    created = not Path(out_dir).exists()
+    try:
+        with _held(path, out_dir):
+            yield
+    except BaseException:
+        # refused before writing anything (bad data, a setting found wrong late): leave no folder
+        # that holds only the lock
+        folder = Path(out_dir)
+        if created and folder.is_dir() and [p.name for p in folder.iterdir()] in ([TRAIN_LOCK], []):
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _held(path: Path, out_dir: str | os.PathLike) -> Iterator[None]:
+    from looplm.io import file_lock
+
     with file_lock(path, wait=False) as held:
         if not held:
             try:

@@ -62,7 +62,7 @@ from looplm.errors import LoopLMError
 log = logging.getLogger("looplm.decoding.serve")
 
 MAX_BODY = 8 << 20  # bytes of one request body
-MAX_BODY = 8 << 20  # bytes of one request body
+DRAIN_GRACE_S = 5.0  # after drain_timeout, seconds a cut stream has to send its error event
 
 
 # ====================================================================== routes
@@ -180,7 +180,8 @@ async def _whole(request, call: Call, head, kind, chat, echo, logprobs, n_prompt
         work.cancel()
         call.cancel_unfinished()
         return Response(status_code=499)
-    work.result()  # ApiError (timeout, scheduler fault) surfaces here
+    call.state.calls.discard(call)
+    work.result()  # ApiError (timeout, scheduler fault, the server stopping) surfaces here
     tok = call.state.tokenizer
     out = []
     for c in call.choices:
@@ -361,11 +362,13 @@ def build_app(state: ServerState) -> Starlette:
                 pass
 
         state.scheduler.deliver = deliver
+        state.loop = loop
         state.scheduler.start()
         try:
             yield
         finally:
             state.scheduler.stop()
+            state.loop = None
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
@@ -382,6 +385,39 @@ def build_app(state: ServerState) -> Starlette:
     )
     app.state.looplm = state
     return app
+
+
+def check_port_free(host: str, port: int) -> None:
+    """One line, before the model is loaded, when ``host:port`` cannot be listened on (another
+    server holds it, or the address is not this machine's)."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise LoopLMError(f"--host {host}: cannot be resolved ({exc.strerror or exc})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise LoopLMError(
+                    f"--port {port} on {host} is already in use (another server listens there); "
+                    "stop it or pass another --port (0 picks a free one)"
+                ) from None
+            raise LoopLMError(
+                f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+            ) from None
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes in a URL: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
 
 
 def load_state(settings: ServeSettings, model=None, tokenizer=None, cfg=None) -> ServerState:
@@ -403,6 +439,12 @@ def load_state(settings: ServeSettings, model=None, tokenizer=None, cfg=None) ->
         torch.set_num_threads(settings.threads)
     if settings.slide > model.config.context:
         raise LoopLMError(f"slide={settings.slide} must be in [1, context={model.config.context}]")
+    gate = getattr(getattr(model, "recurrence", None), "exit_probability", None)
+    if settings.halt == "gate" and gate is None:
+        raise LoopLMError(
+            "--halt gate needs a model with a learned exit gate (Ouro's); this one has none; "
+            "allowed: none, kl, maxtoken"
+        )
     loops = settings.loops or (cfg.train.depth_max if cfg is not None else 8)
     if loops > settings.max_loops:
         raise LoopLMError(f"loops={loops} is above max_loops={settings.max_loops}")
@@ -436,18 +478,42 @@ class Server:
             log_level="warning",
             access_log=False,
             lifespan="on",
-            timeout_graceful_shutdown=s.drain_timeout,
+            # the server cuts its own calls at drain_timeout (each stream ends with an error
+            # event); uvicorn's own cancellation, later, only catches a connection that hangs
+            timeout_graceful_shutdown=s.drain_timeout + DRAIN_GRACE_S,
         )
         outer = self
 
         class _Uvicorn(uvicorn.Server):
             def handle_exit(self, sig, frame) -> None:
-                outer.state.draining = True
-                super().handle_exit(sig, frame)
-                if sig == signal.SIGTERM and sig in self._captured_signals:
-                    self._captured_signals.remove(sig)  # a drained SIGTERM is a clean stop: exit 0
+                outer.drain(first=not outer.state.draining)
+                self.should_exit = True
+                if sig == signal.SIGINT:  # Ctrl-C: the command reports "interrupted"
+                    outer.interrupted = True
 
+        self.interrupted = False
         self.uvicorn = _Uvicorn(config)
+
+    def drain(self, first: bool = True) -> None:
+        """The first stop request drains (new requests 503; the calls in flight are cut with an
+        error event at drain_timeout); a second one cuts them now."""
+        state = self.state
+        state.draining = True
+        if not first:
+            state.cut_calls("the server was stopped (a second stop signal); the answer is cut")
+            return
+        if state.loop is not None:
+            why = (
+                f"the server is stopping and this answer took longer than drain_timeout="
+                f"{state.settings.drain_timeout:g} s; the answer is cut"
+            )
+            delay = state.settings.drain_timeout
+            try:
+                state.loop.call_soon_threadsafe(
+                    lambda: state.loop.call_later(delay, state.cut_calls, why)
+                )
+            except RuntimeError:  # the loop is closed
+                pass
 
     @property
     def port(self) -> int:
@@ -473,5 +539,5 @@ class Server:
 
     def stop(self) -> None:
         """Drain and stop, as SIGTERM does."""
-        self.state.draining = True
+        self.drain(first=not self.state.draining)
         self.uvicorn.should_exit = True

@@ -42,11 +42,27 @@ class ServerState:
     scheduler: Scheduler
     metrics: Metrics = field(default_factory=Metrics)
     draining: bool = False
+    calls: set = field(default_factory=set)  # the calls in flight (cut at a second signal)
+    loop: Any = None  # the event loop serving the app (set while it runs)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def context(self) -> int:
         return self.model.config.context
+
+    def cut_calls(self, why: str) -> None:
+        """End every call in flight with an error event (safe from any thread or a signal
+        handler: the work is scheduled on the event loop)."""
+
+        def cut() -> None:
+            for call in list(self.calls):
+                call.cut(why)
+
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(cut)
+            except RuntimeError:  # the loop is closed: nothing is in flight
+                pass
 
 
 # ====================================================================== request → sequences
@@ -103,6 +119,7 @@ class Call:
     def submit(self) -> None:
         try:
             self.state.scheduler.submit(self.jobs)
+            self.state.calls.add(self)
         except QueueFull:
             self.state.metrics.rejected_full += 1
             s = self.state.settings
@@ -114,6 +131,7 @@ class Call:
             ) from None
 
     def cancel_unfinished(self) -> None:
+        self.state.calls.discard(self)
         for c in self.choices:
             if c.finish is None:
                 self.state.scheduler.cancel(c.key)
@@ -154,7 +172,14 @@ class Call:
         elif kind == "error":
             self.cancel_unfinished()
             raise ApiError(500, event[1], type_="server_error")
+        elif kind == "cut":  # the server stops now (a second signal, or past drain_timeout)
+            self.cancel_unfinished()
+            raise ApiError(503, event[1], type_="unavailable")
         return i
+
+    def cut(self, why: str) -> None:
+        """End this call with an error now (on the event loop)."""
+        self.events.put_nowait((0, ("cut", why)))
 
     def _update_text(self, c: Choice) -> None:
         """``c.text`` after a new token: only the tokens since the last complete character are
@@ -199,7 +224,7 @@ def request_depth(state: ServerState, req) -> Depth:
     check_range("threshold", threshold, 0, float("inf"))
     prefill = s.prefill_halt if req.prefill_halt is None else req.prefill_halt
     gate = getattr(getattr(state.model, "recurrence", None), "exit_probability", None)
-    allowed = ", ".join(["none", "kl", "update"] + ["gate"] * (gate is not None))
+    allowed = ", ".join(["none", "kl", "maxtoken"] + ["gate"] * (gate is not None))
     if rule == "gate" and gate is None:
         raise ApiError(
             400, f"halt=gate needs a model with a learned exit gate (Ouro); allowed: {allowed}",
@@ -215,9 +240,11 @@ def request_depth(state: ServerState, req) -> Depth:
 def request_sampling(state: ServerState, req) -> dict[str, Any]:
     s = state.settings
     check_neutral(req)
-    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+    name, max_tokens = "max_tokens", req.max_tokens
+    if getattr(req, "max_completion_tokens", None) is not None:  # chat's newer name wins
+        name, max_tokens = "max_completion_tokens", req.max_completion_tokens
     max_tokens = s.max_tokens if max_tokens is None else max_tokens
-    check_range("max_tokens", max_tokens, 1, s.max_tokens_limit)
+    check_range(name, max_tokens, 1, s.max_tokens_limit)
     temperature = 1.0 if req.temperature is None else req.temperature
     check_range("temperature", temperature, 0, 100)
     top_k = None if req.top_k in (None, -1) else req.top_k
@@ -296,14 +323,17 @@ def chat_prompt(state: ServerState, req: ChatRequest) -> tuple[str, list[str]]:
     for i, m in enumerate(req.messages):
         content = m.content
         if not isinstance(content, str):  # OpenAI's content parts: text only
-            try:
-                content = "".join(p["text"] for p in content if p.get("type") == "text")
-            except (KeyError, TypeError):
-                raise ApiError(
-                    400,
-                    f"messages.{i}.content parts must be {{'type': 'text', 'text': ...}}",
-                    f"messages.{i}.content",
-                ) from None
+            for j, part in enumerate(content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type")
+                    what = f"a {kind!r} part is not served" if kind != "text" else "bad part"
+                    raise ApiError(
+                        400,
+                        f"messages.{i}.content.{j}: {what}; allowed: "
+                        "{'type': 'text', 'text': ...}",
+                        f"messages.{i}.content.{j}",
+                    )
+            content = "".join(part["text"] for part in content)
         messages.append({"role": m.role, "content": content})
     if not messages:
         raise ApiError(400, "messages is empty; send at least one message", "messages")

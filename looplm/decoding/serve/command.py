@@ -28,15 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from looplm.decoding.serve.app import Server, load_state
+    from looplm.decoding.serve.app import Server, check_port_free, load_state, url_host
 
-    state = load_state(from_args(ServeSettings, args, checkpoint=args.serve_checkpoint))
+    settings = from_args(ServeSettings, args, checkpoint=args.serve_checkpoint)
+    settings.validate()
+    check_port_free(settings.host, settings.port)  # before the (slow) model load
+    state = load_state(settings)
     server = Server(state)
     s = state.settings
 
     def ready(port: int) -> None:
         print(
-            f"looplm serve: {state.model_name} at http://{s.host}:{port}/v1 "
+            f"looplm serve: {state.model_name} at http://{url_host(s.host)}:{port}/v1 "
             f"(slots {s.slots}, queue {s.max_queue}, loops {state.default_loops}, "
             f"halt {s.halt})",
             file=sys.stderr,
@@ -44,5 +47,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     server.run(on_ready=ready)
+    if server.interrupted:  # Ctrl-C: drained (or cut) as SIGTERM is, exit status 130
+        print("looplm serve: stopped (interrupted)", file=sys.stderr, flush=True)
+        return 130
     print("looplm serve: stopped", file=sys.stderr, flush=True)
     return 0

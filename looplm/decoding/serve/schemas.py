@@ -151,6 +151,14 @@ def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
         raise ApiError(400, "the body is not JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the body must be a JSON object, not {type(data).__name__}")
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise ApiError(
+            400,
+            f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which "
+            "is not text; send valid Unicode",
+            where,
+        )
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -169,6 +177,31 @@ def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
         if what:
             raise ApiError(400, f"{field} must be {what}", field) from None
         raise ApiError(400, f"{field}: {err['msg']}", field) from None
+
+
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The field path (``messages.0.content``) of the first string holding a lone surrogate
+    (a valid JSON escape that no UTF-8 text can hold), else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the body"
+        return None
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        if isinstance(key, str) and _lone_surrogate(key) is not None:
+            return f"{path}.{key!r}".lstrip(".")
+        found = _lone_surrogate(item, f"{path}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
 
 
 def _field_names(cls: type[BaseModel], err: dict) -> set[str]:

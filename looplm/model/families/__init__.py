@@ -22,6 +22,7 @@ import json
 import os
 import re
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +124,12 @@ def published_model_config(
         cfg, where = read_config(folder), folder / "config.json"
     fam = family_of(cfg, where)
     fam.check_keys(cfg, Path(where))
-    mc = fam.model_config(cfg, names, where)
-    from looplm.model.recurrences.base import build_config, get_recurrence_class
+    with fam.published_names(cfg, where):
+        mc = fam.model_config(cfg, names, where)
+        from looplm.model.recurrences.base import build_config, get_recurrence_class
 
-    build_config(get_recurrence_class(mc.recurrence), mc.recurrence_args)
-    mc.validate()
+        build_config(get_recurrence_class(mc.recurrence), mc.recurrence_args)
+        mc.validate()
     return fam, mc
 
 
@@ -161,7 +163,7 @@ def _load(src: str | os.PathLike, dtype: torch.dtype | str | None) -> tuple[torc
     model.eval()
     if (folder / "tokenizer.json").is_file():  # the checkpoint's own tokenizer
         model.config.tokenizer = str((folder / "tokenizer.json").resolve())
-    info = {"family": fam.name, "source": str(src), "trained_loops": fam.loops(cfg)}
+    info = {"family": fam.name, "source": str(src), "trained_loops": fam.trained_loops(cfg, folder)}
     model.pretrained = info
     return model, info
 
@@ -184,24 +186,129 @@ def run_config(mc: ModelConfig, loops: int) -> RunConfig:
     return RunConfig(model=mc, train=train, eval=EvalConfig(depths=depths)).validate()
 
 
+def check_import_folders(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse, before reading any weights, an OUT that would lose files: OUT = SRC, one inside
+    the other (always), an existing OUT without ``overwrite``, and with it anything but a
+    looplm checkpoint folder or an empty one."""
+    from looplm.model.checkpoint import checkpoint_exists
+    from looplm.settings.limits import check_output_folder
+
+    check_output_folder("OUT", out)
+    o = Path(out).expanduser().resolve()
+    s = Path(src).expanduser()
+    if s.exists():
+        s = s.resolve()
+        if o == s or s in o.parents or o in s.parents:
+            how = "is" if o == s else "lies inside" if s in o.parents else "holds"
+            raise LoopLMError(
+                f"OUT {out} {how} the source folder {src}; the import would write over the "
+                "source: choose an OUT outside it"
+            )
+    if not o.exists() or not any(o.iterdir()):
+        return
+    if not overwrite:
+        raise LoopLMError(f"OUT {out} exists; pass --overwrite to replace it (or choose a new OUT)")
+    if not checkpoint_exists(o):
+        raise LoopLMError(
+            f"OUT {out} is not empty and holds no looplm checkpoint (no state.json); --overwrite "
+            "replaces only a checkpoint folder: choose a new OUT"
+        )
+
+
+def import_tokenizer(folder: Path, tokenizer: str | None, vocab_size: int) -> Path | str:
+    """The tokenizer an import carries: ``tokenizer`` (a ``tokenizer.json`` path, a folder
+    holding one, or ``gpt2``), else the source's ``tokenizer.json``, else GPT-2's when the model's
+    vocabulary can hold it; each file is loaded and checked before anything is written."""
+    if tokenizer in ("gpt2",):
+        return tokenizer
+    if tokenizer is not None:
+        path = Path(tokenizer).expanduser()
+        path = path / "tokenizer.json" if path.is_dir() else path
+        if not path.is_file():
+            raise LoopLMError(
+                f"--tokenizer {tokenizer}: no such tokenizer.json; allowed: the path of a "
+                "tokenizer.json (or a folder holding one), or gpt2"
+            )
+    elif (folder / "tokenizer.json").is_file():
+        path = folder / "tokenizer.json"
+    elif vocab_size < GPT2_VOCAB:
+        raise LoopLMError(
+            f"{folder} has no tokenizer.json and its vocabulary ({vocab_size} tokens) is smaller "
+            f"than GPT-2's ({GPT2_VOCAB}); pass --tokenizer PATH (the tokenizer.json the model "
+            "was trained with)"
+        )
+    else:
+        print(
+            f"note: {folder} has no tokenizer.json; the import uses GPT-2's tokenizer (pass "
+            "--tokenizer PATH to give the model's own)",
+            file=sys.stderr,
+        )
+        return "gpt2"
+    try:  # an unreadable file: one line naming it (the model layer reads no looplm.data)
+        from tokenizers import Tokenizer
+
+        n_tokens = Tokenizer.from_file(str(path)).get_vocab_size()
+    except Exception as exc:  # tokenizers raises plain Exception for unreadable files
+        msg = " ".join(str(exc).split())
+        raise LoopLMError(f"could not load the tokenizer {str(path)!r}: {msg}") from None
+    if n_tokens > vocab_size:  # added tokens past the embedding: a note, not a refusal
+        print(
+            f"note: {path} has {n_tokens} tokens but the model's vocabulary holds "
+            f"{vocab_size}; text that uses the extra ones cannot be read (pass --tokenizer PATH "
+            "to give the model's own)",
+            file=sys.stderr,
+        )
+    return path
+
+
+GPT2_VOCAB = 50257
+
+
+def check_finite(model: torch.nn.Module, src: str | os.PathLike) -> None:
+    """One line naming the first tensor with a NaN or an infinity (and how many hold one)."""
+    bad = [
+        n
+        for n, t in model.state_dict().items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+    if bad:
+        raise LoopLMError(
+            f"{src}: {len(bad)} weight tensor(s) hold NaN or infinite values (first: {bad[0]}); "
+            "the checkpoint is damaged or was saved mid-divergence: import a finite one"
+        )
+
+
 def import_pretrained(
-    src: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | str | None = None
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    dtype: torch.dtype | str | None = None,
+    overwrite: bool = False,
+    tokenizer: str | None = None,
 ) -> Path:
     """Write the published checkpoint ``src`` as a looplm checkpoint folder ``out`` (what every
-    command reads), with the source's tokenizer files copied beside the weights."""
+    command reads), with its tokenizer (``tokenizer``, else the source's files) beside the
+    weights. An existing ``out`` is replaced only with ``overwrite`` and only when it is a looplm
+    checkpoint; ``out`` never lies inside ``src`` nor ``src`` inside ``out``."""
     from looplm.io import atomic_write_bytes
     from looplm.model.checkpoint import save_checkpoint
 
-    model, info = _load(src, dtype)
+    check_import_folders(src, out, overwrite)
     folder = resolve_source(src)
+    check_import_folders(folder, out, overwrite)  # a hub id's cache folder too
+    model, info = _load(src, dtype)
+    tok = import_tokenizer(folder, tokenizer, model.config.vocab_size)
+    check_finite(model, src)
     mc = dataclasses.replace(model.config, tokenizer="gpt2")
     cfg = run_config(mc, info["trained_loops"])
-    if (folder / "tokenizer.json").is_file():  # the copy written below, by its absolute path
+    if isinstance(tok, Path):  # the copy written below, by its absolute path
         cfg.model.tokenizer = str((Path(out) / "tokenizer.json").resolve())
     out = save_checkpoint(out, model, cfg, state={"pretrained": info})
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            atomic_write_bytes(out / name, (folder / name).read_bytes())
+    if isinstance(tok, Path):
+        atomic_write_bytes(out / "tokenizer.json", tok.read_bytes())
+        for name in TOKENIZER_FILES[1:]:
+            if (tok.parent / name).is_file():
+                atomic_write_bytes(out / name, (tok.parent / name).read_bytes())
     return out
 
 

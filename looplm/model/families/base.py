@@ -19,6 +19,7 @@ tensor), so peak memory stays near one copy of the weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterator
@@ -102,6 +103,41 @@ class Family:
         """The trained loop count (the reference's default at inference)."""
         raise NotImplementedError
 
+    #: The config.json key that holds the trained loop count (for messages).
+    loops_key = ""
+    #: looplm setting → the config.json key it comes from, so an error names what the user wrote.
+    published_keys: dict[str, str] = {}
+
+    def trained_loops(self, cfg: dict[str, Any], path: Path | str) -> int:
+        """:meth:`loops`, or a one-line error naming the config.json key when it is not a
+        positive integer."""
+        try:
+            n = self.loops(cfg)
+        except (TypeError, ValueError):
+            n = None
+        if not isinstance(n, int) or n < 1 or n != cfg.get(self.loops_key, n):
+            raise LoopLMError(
+                f"{path}: config key {self.loops_key}={cfg.get(self.loops_key)!r} must be a "
+                "positive integer (the trained loop count)"
+            )
+        return n
+
+    @contextlib.contextmanager
+    def published_names(self, cfg: dict[str, Any], path: Path | str) -> Iterator[None]:
+        """Errors raised inside name the config.json key (``num_hidden_layers``) rather than
+        looplm's own setting (``model.core_layers``) it became."""
+        try:
+            yield
+        except LoopLMError as exc:
+            msg = str(exc)
+            for ours, theirs in self.published_keys.items():
+                if msg.startswith(f"{ours}=") or msg.startswith(f"{ours} "):
+                    raise LoopLMError(
+                        f"{path}: config key {theirs}{_after_value(msg, ours, cfg.get(theirs))} "
+                        f"(looplm's {ours})"
+                    ) from None
+            raise
+
     def check_keys(self, cfg: dict[str, Any], path: Path) -> None:
         """One-line error for a config.json key the family does not know."""
         unknown = sorted(set(cfg) - self.known_keys - HF_GENERIC_KEYS)
@@ -115,6 +151,15 @@ class Family:
 # every family class, registered by name (a new family is one module of this package, found by
 # the package scan, or a plugin module under the ``looplm.families`` entry-point group)
 FAMILY_CLASSES: Registry[Family] = Registry("checkpoint family", "looplm.families")
+
+
+def _after_value(msg: str, key: str, value: Any) -> str:
+    """``=<value> must be …`` of an error ``<key>=<looplm value> must be …``."""
+    rest = msg[len(key) :]
+    if rest.startswith("="):
+        rest = rest.split(" ", 1)[1] if " " in rest else ""
+        return f"={value!r} {rest}".rstrip()
+    return rest
 
 
 def need(cfg: dict[str, Any], key: str, path: Path | str, allowed: Any = None) -> Any:

@@ -40,6 +40,16 @@ STACKS = ("L_module", "H_module")  # looplm's core: the low-level layers first
 @FAMILY_CLASSES.register
 class HrmTextFamily(Family):
     name = "hrm_text"
+    loops_key = "H_cycles"
+    published_keys = {  # noqa: RUF012
+        "model.d_model": "hidden_size",
+        "model.n_heads": "num_attention_heads",
+        "model.d_ff": "intermediate_size",
+        "model.context": "max_position_embeddings",
+        "model.vocab_size": "vocab_size",
+        "model.core_layers": "num_hidden_layers",
+        "model.norm_eps": "rms_norm_eps",
+    }
     architecture = "HrmTextForCausalLM"
     known_keys = frozenset(
         """attention_bias attention_dropout embedding_scale head_dim hidden_act hidden_size

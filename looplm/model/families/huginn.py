@@ -28,6 +28,19 @@ from looplm.settings.config import ModelConfig
 @FAMILY_CLASSES.register
 class HuginnFamily(Family):
     name = "huginn"
+    loops_key = "mean_recurrence"
+    published_keys = {  # noqa: RUF012
+        "model.d_model": "n_embd",
+        "model.n_heads": "n_heads",
+        "model.d_ff": "intermediate_size",
+        "model.context": "block_size",
+        "model.vocab_size": "vocab_size",
+        "model.prelude_layers": "n_layers_in_prelude",
+        "model.core_layers": "n_layers_in_recurrent_block",
+        "model.coda_layers": "n_layers_in_coda",
+        "model.norm_eps": "norm_eps",
+        "model.rope_base": "rope_base",
+    }
     architecture = "RavenForCausalLM"
     known_keys = frozenset(
         """activation_checkpoint_impl architecture_class_name bias block_class_name block_size

@@ -28,6 +28,17 @@ from looplm.settings.config import ModelConfig
 @FAMILY_CLASSES.register
 class OuroFamily(Family):
     name = "ouro"
+    loops_key = "total_ut_steps"
+    published_keys = {  # noqa: RUF012
+        "model.d_model": "hidden_size",
+        "model.n_heads": "num_attention_heads",
+        "model.n_kv_heads": "num_key_value_heads",
+        "model.d_ff": "intermediate_size",
+        "model.context": "max_position_embeddings",
+        "model.vocab_size": "vocab_size",
+        "model.core_layers": "num_hidden_layers",
+        "model.norm_eps": "rms_norm_eps",
+    }
     architecture = "OuroForCausalLM"
     known_keys = frozenset(
         """attention_dropout early_exit_threshold early_exit_step head_dim hidden_act hidden_size

@@ -38,6 +38,18 @@ INIT_SCALES = {  # init_strategy → (embedding scale, logit scale at width d)
 @FAMILY_CLASSES.register
 class ParcaeFamily(Family):
     name = "parcae"
+    loops_key = "mean_recurrence"
+    published_keys = {  # noqa: RUF012
+        "model.d_model": "n_embd",
+        "model.n_heads": "num_attention_heads",
+        "model.d_ff": "intermediate_size",
+        "model.context": "block_size",
+        "model.vocab_size": "vocab_size",
+        "model.prelude_layers": "n_layers_in_prelude",
+        "model.core_layers": "n_layers_in_recurrent_block",
+        "model.coda_layers": "n_layers_in_coda",
+        "model.norm_eps": "norm_eps",
+    }
     architecture = "ParcaeConfig"
     known_keys = frozenset(
         """_class_name _is_recurrent_block_config activation_checkpoint_impl attn_impl bias
