@@ -155,15 +155,14 @@ def test_a_difference_below_the_minimum_effect_is_not_a_direction() -> None:
 
 
 def test_a_threshold_on_a_change_needs_the_minimum_effect_a_stated_number_does_not() -> None:
-    """"PPL falls from T = 1 to 8" (a change, op < 0) is a difference; R_47 above 0.894 is judged
+    """A change ("PPL falls from T = 1 to 8", op < 0) is a difference; R_47 above 0.894 is judged
     against the paper's number alone."""
     fall = {"text": "falls", "test": "threshold", "method": "a", "metric": "ppl",
             "depths": [8], "from_depth": 1, "op": "<", "value": 0}  # fmt: skip
-    small = Measured({("a", 1): {0: 400.0, 1: 410.0, 2: 390.0},
-                      ("a", 8): {0: 396.0, 1: 405.0, 2: 387.0}})  # fmt: skip  (−1%)
+    t1 = {0: 400.0, 1: 410.0, 2: 390.0}
+    small = Measured({("a", 1): t1, ("a", 8): {0: 396.0, 1: 405.0, 2: 387.0}})  # −1%
     assert V.claim_verdict(V.check_claim(fall, "c"), small).word == V.NOT_DISTINGUISHABLE
-    big = Measured({("a", 1): {0: 400.0, 1: 410.0, 2: 390.0},
-                    ("a", 8): {0: 380.0, 1: 390.0, 2: 371.0}})  # fmt: skip  (−5%)
+    big = Measured({("a", 1): t1, ("a", 8): {0: 380.0, 1: 390.0, 2: 371.0}})  # −5%
     assert V.claim_verdict(V.check_claim(fall, "c"), big).word == V.REPRODUCED
     stated = {**fall, "value": 399.0}
     del stated["from_depth"]

@@ -361,9 +361,13 @@ def findings_table(findings: dict[str, Any]) -> str:
         met += f"; by construction: {built}" if built else ""
         verdict = f"**{f['verdict']}** (criteria met: {met})"
         lines.append(f"| {m} | {acc} | {band} | {ov_txt} | {sw} | {verdict} |")
-    lines += ["", f"Intervals: {INTERVAL}. Minimum effects (the one margin policy): "
-              f"{KL_MARGIN:g} nats of KL gain, {100 * SWAP_MARGIN:g} points of swap effect. "
-              "Words, per criterion:", ""]
+    lines += [
+        "",
+        f"Intervals: {INTERVAL}. Minimum effects (the one margin policy): "
+        f"{KL_MARGIN:g} nats of KL gain, {100 * SWAP_MARGIN:g} points of swap effect. "
+        "Words, per criterion:",
+        "",
+    ]
     lines += [f"- **{w}**: {c}" for w, c in LENS_VERDICTS.items()]
     return "\n".join(lines)
 

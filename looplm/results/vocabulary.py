@@ -60,8 +60,8 @@ MARGIN_POLICY = (
     "A difference is read as a direction only when its mean reaches the metric's minimum effect: "
     f"{POINTS:g} percentage points for a metric in percent (accuracy, stability, swap success), "
     f"{100 * RELATIVE:g}% of the compared level for perplexities and timings, {NATS:g} nats for "
-    "a loss or a KL divergence; a smaller mean difference is **not distinguishable**, whatever "
-    "its interval. A claimed tie (\"matches\", \"stable\", \"essentially tied\") is judged "
+    "a loss or a KL divergence; a smaller mean difference is not distinguishable, whatever "
+    'its interval. A claimed tie ("matches", "stable", "essentially tied") is judged '
     "against the same minimum effect: reproduced when the 95% interval lies within ± it. A "
     "threshold at a number the claim states (R_47 above 0.894, near-perfect above 98%) is judged "
     "against that number with no further margin, and so is a metric with no scale of its own "
