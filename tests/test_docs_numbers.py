@@ -91,3 +91,37 @@ def test_the_looped_lens_study_is_cited_where_its_findings_are() -> None:
     for page in ("docs/lens_findings.md", "README.md"):
         text = re.sub(r"\s+", " ", _read(page))
         assert "Wenlong Wang and Fergal Reid" in text and "arXiv:2609.01924" in text, page
+
+
+def test_the_table19_per_word_conversion_is_the_split_and_the_results_file() -> None:
+    """findings.md's per-word conversion of the one-seed GPU rows: the tokens-per-word ratio of
+    the tokenised test split and each row of benchmarks/RESULTS.md raised to it."""
+    import math
+    import os
+
+    import pytest
+
+    data = Path(os.environ.get("LOOPLM_DATA_DIR", ROOT.parent / "shared" / "data"))
+    split = data / "wikitext-2" / "wiki.test.tokens"
+    if not split.is_file():
+        pytest.skip(f"needs WikiText-2 under {data} (LOOPLM_DATA_DIR)")
+    from looplm.data.cache import get_split_tokens
+
+    lines = split.read_text(encoding="utf-8").split("\n")
+    words = sum(len(line.split()) for line in lines) + len(lines) - 1
+    tokens = len(get_split_tokens("wikitext-2", "test", "gpt2", data))
+    ratio = tokens / words
+    text = re.sub(r"\s+", " ", _read("docs/findings.md"))
+    assert f"{words:,} words" in text and f"{tokens:,} GPT-2 tokens" in text
+    assert f"{ratio:.4f} tokens per word" in text
+    rows = {}
+    block = _read("benchmarks/RESULTS.md").split("**WikiText-2 diagnostic**", 1)[1]
+    for line in block.split("\n\n", 2)[1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[1] == "1" and re.fullmatch(r"[\d.]+", cells[2]):
+            rows[cells[0]] = float(cells[2])
+    names = {"scse": "SCSE", "looped": "looped", "tuned_adapter": "tuned adapter",
+             "norm_reset": "reset"}  # fmt: skip
+    assert set(rows) == set(names), rows
+    for method, ppl in rows.items():
+        assert f"{names[method]} {math.exp(math.log(ppl) * ratio):.1f}" in text, method
