@@ -424,7 +424,7 @@ def claim_verdict(claim: dict[str, Any], rows: _Rows) -> Verdict:
 
 
 def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
-    from looplm.paper.verdicts import claim_margin, judge
+    from looplm.results.vocabulary import claim_margin, judge
 
     test = claim["test"]
     if test == "untestable":

@@ -1,14 +1,19 @@
-"""The verdict vocabulary and the rule that turns a measured effect into a word, defined once.
+"""The verdict engine: the vocabulary and the rule that turns a measured effect into a word,
+defined once.
 
 The SCSE paper's claims (:mod:`looplm.paper.verdicts`), the experiment grids' claims
 (:mod:`looplm.findings`) and the lens study's pre-registered criteria (:mod:`looplm.lens.section`)
-speak these words and judge every effect with :func:`decide`, under one margin policy
+speak these words and judge every effect with :func:`decide` (per-seed values: :func:`judge`,
+their minimum effect: :func:`claim_margin`), under one margin policy
 (:data:`MARGIN_POLICY`): a difference counts as a direction only when its mean reaches the
 metric's minimum effect (:func:`minimum_effect`); a smaller one is **not distinguishable**. It
 lives in the results layer so that all three can (the results layer imports nothing above it).
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 REPRODUCED = "reproduced"
 IN_DIRECTION = "reproduced in direction"
@@ -96,3 +101,47 @@ def decide(mean: float, lo: float, hi: float, sign: int, margin: float = 0.0) ->
     if mean * sign <= 0:
         return NOT_REPRODUCED
     return REPRODUCED if (lo > 0 if sign > 0 else hi < 0) else IN_DIRECTION
+
+
+def _interval(values: list[float]) -> tuple[float, float]:
+    """Mean and 95% t half-width (NaN below 2 values)."""
+    from looplm.results.stats import t_halfwidth
+
+    mean = sum(values) / len(values)
+    return mean, t_halfwidth(values)
+
+
+def _pm(mean: float, hw: float) -> str:
+    """``mean ± hw`` with both to the same decimals, four significant digits of the half-width
+    (so that a mean just inside or outside its interval reads so: +1.622 ± 1.624)."""
+    if not hw > 0:
+        return f"{mean:+.4g} ± 0"
+    dec = max(0, 3 - math.floor(math.log10(hw)))
+    return f"{mean:+.{dec}f} ± {hw:.{dec}f}"
+
+
+def judge(values: list[float], sign: int, margin: float = 0.0) -> tuple[str, str]:
+    """A verdict word for per-seed values that should lie on side ``sign`` of 0 (−1: below, +1:
+    above, 0: within ± ``margin``), and the evidence text: the word of
+    :func:`~looplm.results.vocabulary.decide` for their mean and 95% t-interval under the minimum
+    effect ``margin`` (one value: not testable; none: not yet run)."""
+    if not values:
+        return NOT_RUN, "no rows"
+    if len(values) < 2:
+        return NOT_TESTABLE, f"{values[0]:+.4g} (1 seed: no interval)"
+    mean, hw = _interval(values)
+    need = f", minimum effect {margin:.3g}" if margin > 0 else ""
+    text = f"{_pm(mean, hw)} (95% t half-width, {len(values)} seeds){need}"
+    return decide(mean, mean - hw, mean + hw, sign, margin), text
+
+
+def claim_margin(claim: dict[str, Any], level: float | None, target: float = 0.0) -> float:
+    """The minimum effect a claim's difference must reach: the claim's own ``margin`` when it
+    states one, none for a threshold at a stated non-zero number (the number is the criterion),
+    else the metric's (:func:`~looplm.results.vocabulary.minimum_effect`, relative to ``level``)."""
+    if claim.get("margin") is not None:
+        return float(claim["margin"])
+    change = claim.get("from_depth") is not None or claim.get("from_step") is not None
+    if target != 0 and not change:
+        return 0.0
+    return minimum_effect(claim.get("metric", "ppl"), level)
