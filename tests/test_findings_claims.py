@@ -15,6 +15,7 @@ from looplm.results.export import write_export
 from looplm.results.store import EvalRecord
 from looplm.results.vocabulary import (
     IN_DIRECTION,
+    NOT_DISTINGUISHABLE,
     NOT_REPRODUCED,
     NOT_RUN,
     NOT_TESTABLE,
@@ -134,9 +135,28 @@ def test_ppl_orderings_are_lower_is_better_at_every_named_depth():
     recs += [fixed("looped", s, 8, 110 + s) for s in range(3)]
     recs += [fixed("looped", s, 48, 100.5 + s) for s in range(3)]
     v = _verdict(claim, recs)
-    assert v.word == REPRODUCED, v.evidence
-    recs += [fixed("looped", s, 48, 99 + s) for s in range(3)]  # now SCSE is worse at T = 48
+    # 0.5 PPL of 100 is below the policy's minimum effect (2% of the rival's level): a tie
+    assert v.word == NOT_DISTINGUISHABLE, v.evidence
+    assert "minimum effect 2.03" in v.evidence[-1]
+    recs += [fixed("looped", s, 48, 103 + s) for s in range(3)]  # now 3 PPL better at T = 48
+    assert _verdict(claim, recs).word == REPRODUCED
+    recs += [fixed("looped", s, 48, 97 + s) for s in range(3)]  # now SCSE is worse at T = 48
     assert _verdict(claim, recs).word == NOT_REPRODUCED
+
+
+def test_a_tie_claim_is_judged_against_the_same_minimum_effect():
+    """op ~ (\"stable\"): reproduced when the interval lies within ± 2 points, in direction when
+    only the mean does, not reproduced when the mean is outside; the old rule (> −2 with no
+    margin) called a 1.3-point drop with a 3-point interval reproduced in direction."""
+    stable = {"text": "stable", "test": "threshold", "metric": "stability", "method": "gated",
+              "difficulties": [1, 1], "depth": 32, "from_depth": 8, "op": "~", "value": 0}  # fmt: skip
+    flat = [r for s in range(3) for r in frontier("gated", s, 1, {8: 1.0, 32: 0.995})]
+    assert _verdict(stable, flat).word == REPRODUCED
+    noisy = [r for s, a in enumerate((0.96, 1.0, 1.0))
+             for r in frontier("gated", s, 1, {8: 1.0, 32: a})]  # fmt: skip
+    assert _verdict(stable, noisy).word == IN_DIRECTION  # mean −1.3, interval reaches −7
+    fall = [r for s in range(3) for r in frontier("gated", s, 1, {8: 1.0, 32: 0.9 + 0.01 * s})]
+    assert _verdict(stable, fall).word == NOT_REPRODUCED
 
 
 def _scaling(method: str, phi: float) -> list[EvalRecord]:
@@ -375,3 +395,16 @@ def test_a_margin_between_two_models_at_chance_on_every_seed_is_not_testable():
     ]
     v = _verdict(claim, chance)
     assert v.word == NOT_TESTABLE and v.evidence[0].endswith("identical on every seed)")
+
+
+def test_a_phi_interval_pinned_at_the_fits_bound_tests_nothing():
+    """φ = 0.00 [0.00, 0.00] (every resample at the fit's lower bound) excludes 0.38 only by an
+    end the bound chose: not testable (the old rule said not reproduced); an interval whose free
+    end excludes the value still is not reproduced. (An order against [0, 0] still reads: "at most
+    0" is below an interval placed above 0; see the test above.)"""
+    rows = _Rows([], "wikitext-2")
+    rows._phi = {"trunc": (1e-20, 0.0, 1e-20), "free": (0.8, 0.6, 1.0), "loop": (0.7, 0.0, 1.15)}
+    value = check_claims([{"text": "x", "test": "phi_value", "method": "trunc", "value": 0.38}],
+                         "t")[0]  # fmt: skip
+    assert claim_verdict(value, rows).word == NOT_TESTABLE
+    assert claim_verdict({**value, "method": "free"}, rows).word == NOT_REPRODUCED

@@ -100,3 +100,13 @@ def test_paper_doc_criteria_table_is_the_modules() -> None:
     assert [c.strip() for c in header.strip("|").split("|")] == ["verdict", "criterion"]
     table = [tuple(c.strip() for c in CELL_SPLIT.split(r.strip())[1:-1]) for r in body]
     assert table == list(VERDICTS.items())
+
+
+@pytest.mark.parametrize("page", ["docs/paper.md", "docs/findings.md"])
+def test_the_one_margin_policy_is_stated_word_for_word(page: str) -> None:
+    """docs/paper.md and docs/findings.md quote the engine's margin policy exactly (so a change of
+    a minimum effect in looplm.results.vocabulary fails here until both pages say it)."""
+    from looplm.results.vocabulary import MARGIN_POLICY
+
+    text = (ROOT / page).read_text(encoding="utf-8")
+    assert f"> {MARGIN_POLICY}\n" in text, f"{page}: quote MARGIN_POLICY as a '> ' paragraph"

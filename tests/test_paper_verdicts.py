@@ -134,3 +134,52 @@ def test_verdict_table_escapes_and_names_each_claim() -> None:
     m = Measured({("a", 8): {0: 9.0, 1: 10.1, 2: 10.9}, ("b", 8): {0: 10.0, 1: 11.0, 2: 12.0}})
     rows = V.verdict_table([ordering(text="a | b")], m)
     assert rows[2].startswith("| a \\| b | **reproduced** | a − b T=8: ")
+
+
+def test_a_difference_below_the_minimum_effect_is_not_a_direction() -> None:
+    """The one margin policy: a PPL ordering needs a mean difference of at least 2% of the
+    rival's level; the old rule called a 0.1-PPL lead at PPL 11 with an interval excluding 0
+    reproduced."""
+    b = {0: 10.0, 1: 11.0, 2: 12.0}
+    tiny = Measured({("a", 8): {0: 9.9, 1: 10.89, 2: 11.9}, ("b", 8): b})  # Δ ≈ −0.1, tight
+    v = V.claim_verdict(ordering(), tiny)
+    assert v.word == V.NOT_DISTINGUISHABLE and "minimum effect 0.22" in v.evidence[0], v.evidence
+    # the claim may state its own margin (here none at all): the old reading comes back
+    assert V.claim_verdict(ordering(margin=0), tiny).word == V.REPRODUCED
+    # a claimed tie (op ~): within ± the minimum effect
+    assert V.claim_verdict(ordering(op="~"), tiny).word == V.REPRODUCED
+    far = Measured({("a", 8): {0: 9.0, 1: 10.1, 2: 10.9}, ("b", 8): b})
+    assert V.claim_verdict(ordering(op="~"), far).word == V.NOT_REPRODUCED
+    with pytest.raises(LoopLMError, match=r"claim.op='>'; an ordering allows only ~"):
+        ordering(op=">")
+
+
+def test_a_threshold_on_a_change_needs_the_minimum_effect_a_stated_number_does_not() -> None:
+    """A change ("PPL falls from T = 1 to 8", op < 0) is a difference; R_47 above 0.894 is judged
+    against the paper's number alone."""
+    fall = {"text": "falls", "test": "threshold", "method": "a", "metric": "ppl",
+            "depths": [8], "from_depth": 1, "op": "<", "value": 0}  # fmt: skip
+    t1 = {0: 400.0, 1: 410.0, 2: 390.0}
+    small = Measured({("a", 1): t1, ("a", 8): {0: 396.0, 1: 405.0, 2: 387.0}})  # −1%
+    assert V.claim_verdict(V.check_claim(fall, "c"), small).word == V.NOT_DISTINGUISHABLE
+    big = Measured({("a", 1): t1, ("a", 8): {0: 380.0, 1: 390.0, 2: 371.0}})  # −5%
+    assert V.claim_verdict(V.check_claim(fall, "c"), big).word == V.REPRODUCED
+    stated = {**fall, "value": 399.0}
+    del stated["from_depth"]
+    close = Measured({("a", 8): {0: 396.5, 1: 397.0, 2: 397.5}})  # 2 below 399: no margin asked
+    assert V.claim_verdict(V.check_claim(stated, "c"), close).word == V.REPRODUCED
+
+
+def test_decide_is_the_one_rule_and_the_policy_names_its_margins() -> None:
+    from looplm.results import vocabulary as voc
+
+    assert voc.decide(0.5, 0.2, 0.8, +1, margin=0.0) == voc.REPRODUCED
+    assert voc.decide(0.5, 0.2, 0.8, +1, margin=1.0) == voc.NOT_DISTINGUISHABLE
+    assert voc.decide(-1.5, -2.0, -1.0, +1, margin=1.0) == voc.NOT_REPRODUCED
+    assert voc.decide(1.5, -0.5, 3.5, +1, margin=1.0) == voc.IN_DIRECTION
+    assert voc.decide(0.1, -0.5, 0.7, 0, margin=1.0) == voc.REPRODUCED
+    assert voc.decide(0.1, -0.5, 0.7, 0, margin=0.0) == voc.NOT_TESTABLE
+    assert voc.minimum_effect("accuracy") == 2.0 and voc.minimum_effect("ppl", 300.0) == 6.0
+    assert voc.minimum_effect("kl_gain") == 0.02 and voc.minimum_effect("gain") == 0.0
+    for number in ("2 percentage points", "2% of the compared level", "0.02 nats"):
+        assert number in voc.MARGIN_POLICY

@@ -44,6 +44,8 @@ def test_pretrained_ouro_logits_match_the_reference(model, loops):
     # published early_exit_threshold = 1.0: the last step's logits (every token exits at T here)
     assert (REF[f"ut{loops}_exit_step_default"] == loops - 1).all()
     close(logits_at(model, REF["input_ids"], loops), REF[f"ut{loops}_logits_default"])
+    # docs/pretrained.md says bit-identical for Ouro: pinned exactly, not within the tolerance
+    assert torch.equal(logits_at(model, REF["input_ids"], loops), REF[f"ut{loops}_logits_default"])
 
 
 @pytest.mark.parametrize("loops", [4, 6])

@@ -70,15 +70,34 @@ _MODEL_ADDED = {
 }
 
 
+# Training keys added after results were stored (the fine-tuning recipes): left out of the hash
+# at their defaults, as the model keys above are.
+_TRAIN_ADDED = {
+    "seq_len": 0,
+    "recipe": "",
+    "depth_mean": 0,
+    "exit_beta": 0.1,
+    "gate_k": 50.0,
+    "gate_gamma": 0.005,
+}
+
+
 def hash_payload(cfg: RunConfig) -> dict[str, Any]:
-    """What :func:`model_hash` hashes: the model config and the training protocol, no seed."""
+    """What :func:`model_hash` hashes: the model config and the training protocol, no seed (and,
+    for a fine-tuning run, the checkpoint it starts from and its LoRA settings)."""
     d = cfg.to_dict()
     model = {k: v for k, v in d["model"].items() if k not in _MODEL_ADDED or _MODEL_ADDED[k] != v}
-    return {
-        "model": model,
-        "data": {k: d["data"][k] for k in _DATA_SEMANTIC},
-        "train": {k: v for k, v in d["train"].items() if k not in _TRAIN_NON_SEMANTIC},
+    train = {
+        k: v
+        for k, v in d["train"].items()
+        if k not in _TRAIN_NON_SEMANTIC and (k not in _TRAIN_ADDED or _TRAIN_ADDED[k] != v)
     }
+    out = {"model": model, "data": {k: d["data"][k] for k in _DATA_SEMANTIC}, "train": train}
+    if cfg.init:
+        out["init"] = cfg.init
+    if cfg.lora.rank:
+        out["lora"] = d["lora"]
+    return out
 
 
 def model_hash(cfg: RunConfig) -> str:

@@ -15,8 +15,12 @@ judges, per method over its seeds:
 
 Every interval is a 95% percentile bootstrap interval over prompts (:data:`INTERVAL`). Each
 criterion gets a word of the verdict vocabulary (:mod:`looplm.results.vocabulary`) by the rule of
-:data:`LENS_VERDICTS` (the criteria stay as pre-registered; only the words are shared), and a
-family takes its weakest criterion's word, as a paper claim over several points does.
+:data:`LENS_VERDICTS`: the effects of criteria 1 and 3 are judged by the vocabulary's one rule
+(:func:`~looplm.results.vocabulary.decide`) under its margin policy (minimum effects
+:data:`KL_MARGIN` and :data:`SWAP_MARGIN`), so a gain of +0.0004 nats or a swap effect of one swap
+in 1,152 is **not distinguishable**, not a direction; criterion 2 passes for any residual stream
+(the unshared model included), so its pass is worded **holds by construction**. A family takes
+its weakest criterion's word, as a paper claim over several points does.
 
 :func:`lens_figures` draws the bridge rank, fidelity, overlap and swap figures.
 """
@@ -35,19 +39,38 @@ from looplm.errors import LoopLMError
 from looplm.results.sections import ReportSection, register_section
 from looplm.results.stats import paired_bootstrap_ci
 from looplm.results.store import EvalRecord, group_by
-from looplm.results.vocabulary import IN_DIRECTION, NOT_REPRODUCED, NOT_RUN, REPRODUCED, weakest
+from looplm.results.vocabulary import (
+    BY_CONSTRUCTION,
+    IN_DIRECTION,
+    NATS,
+    NOT_DISTINGUISHABLE,
+    NOT_REPRODUCED,
+    NOT_RUN,
+    POINTS,
+    REPRODUCED,
+    decide,
+    weakest,
+)
 
 SUMMARY = "lens:summary"
 INTERVAL = "95% percentile bootstrap interval over prompts (per-prompt values averaged over seeds)"
+KL_MARGIN = NATS  # the margin policy's minimum effect for a KL gain (nats)
+SWAP_MARGIN = POINTS / 100  # ... and for a swap effect (2 percentage points, as a fraction)
 # The verdict words for one pre-registered criterion (1 band, 2 overlap, 3 swap).
 LENS_VERDICTS: dict[str, str] = {
     REPRODUCED: "the criterion holds as pre-registered: (1) at least 2 consecutive steps whose "
-    "interval of the KL gain lies above 0; (2) every seed's overlaps above the random 95th "
-    "percentile; (3) the swap effect's interval above 0",
-    IN_DIRECTION: "the means are on the criterion's side but it does not hold as pre-registered: "
-    "(1) at least 2 consecutive steps with a positive mean KL gain; (2) the seed-mean overlaps "
-    "above the percentile, not every seed's; (3) a positive mean swap effect",
-    NOT_REPRODUCED: "not even the means are on the criterion's side",
+    f"interval of the KL gain lies above 0, with mean gains of at least {KL_MARGIN:g} nats; (3) "
+    f"the swap effect's interval above 0, its mean at least {100 * SWAP_MARGIN:g} points",
+    IN_DIRECTION: "the means reach the minimum effect on the criterion's side but the intervals "
+    f"do not exclude 0: (1) at least 2 consecutive steps with a mean KL gain of {KL_MARGIN:g} "
+    f"nats or more; (3) a mean swap effect of {100 * SWAP_MARGIN:g} points or more",
+    BY_CONSTRUCTION: "(2) every seed's overlaps above the random 95th percentile: any residual "
+    "stream passes (the unshared model does too), so this is a check, not a finding",
+    NOT_DISTINGUISHABLE: "no mean reaches the minimum effect either way: (1) no step's mean KL "
+    f"gain is {KL_MARGIN:g} nats or more from 0; (3) the mean swap effect is within "
+    f"{100 * SWAP_MARGIN:g} points of 0",
+    NOT_REPRODUCED: "the means reach the minimum effect only on the wrong side ((1): steps where "
+    "the J-lens loses, none where it wins), or (2) an overlap at or below the percentile",
     NOT_RUN: "the criterion has no rows",
 }
 CRITERIA = ("band", "overlap", "swap")
@@ -164,8 +187,13 @@ def _method_findings(rows: list[EvalRecord], n_boot: int) -> dict[str, Any]:
     res["overlap"] = _overlap_criterion(summ, T, deep, seeds)
     res["swap"] = _swap_criterion([summ[(T, s)] for s in seeds if (T, s) in summ], n_boot)
     # the family's word: its weakest criterion's (the combination rule of paper claims)
-    res["verdict"] = weakest([res[k]["verdict"] for k in CRITERIA])
-    res["criteria_met"] = [i for i, k in enumerate(CRITERIA, 1) if res[k]["holds"]]
+    # (a criterion that holds by construction discriminates nothing: it does not lift or lower it)
+    res["verdict"] = weakest([res[k]["verdict"] for k in CRITERIA
+                              if res[k]["verdict"] != BY_CONSTRUCTION])  # fmt: skip
+    res["criteria_met"] = [i for i, k in enumerate(CRITERIA, 1)
+                           if res[k]["holds"] and res[k]["verdict"] != BY_CONSTRUCTION]  # fmt: skip
+    res["by_construction"] = [i for i, k in enumerate(CRITERIA, 1)
+                              if res[k]["verdict"] == BY_CONSTRUCTION]  # fmt: skip
     res["wall_s"] = float(sum(summ[k].get("wall_s", 0.0) for k in summ))
     return res
 
@@ -204,20 +232,25 @@ def _band_criterion(steps: dict, T: int, seeds: list[int], n_boot: int) -> dict[
                 np.mean([cell[s]["tuned"]["bridge_rank_mean"] for s in seeds])
             )
         per_step.append(row)
-    winning = [r["t"] for r in per_step if r["kl_gain"]["lo"] > 0]
+    for r in per_step:
+        g = r["kl_gain"]
+        r["word"] = decide(g["mean"], g["lo"], g["hi"], +1, KL_MARGIN)
+    winning = [r["t"] for r in per_step if r["word"] == REPRODUCED]
     runs = [r for r in _runs(winning) if len(r) >= 2]
-    leaning = [r for r in _runs([r["t"] for r in per_step if r["kl_gain"]["mean"] > 0])
-               if len(r) >= 2]  # fmt: skip
-    word = _word(bool(per_step), bool(runs), bool(leaning))
+    ahead = [r["t"] for r in per_step if r["word"] in (REPRODUCED, IN_DIRECTION)]
+    leaning = [r for r in _runs(ahead) if len(r) >= 2]
+    if not per_step:
+        word = NOT_RUN
+    elif runs:
+        word = REPRODUCED
+    elif leaning:
+        word = IN_DIRECTION
+    elif not any(r["word"] == NOT_REPRODUCED for r in per_step):
+        word = NOT_DISTINGUISHABLE
+    else:
+        word = NOT_REPRODUCED
     return {"steps": winning, "bands": runs, "holds": bool(runs), "per_step": per_step,
             "verdict": word}  # fmt: skip
-
-
-def _word(measured: bool, holds: bool, leans: bool) -> str:
-    """A criterion's word of :data:`LENS_VERDICTS`."""
-    if not measured:
-        return NOT_RUN
-    return REPRODUCED if holds else (IN_DIRECTION if leans else NOT_REPRODUCED)
 
 
 def _overlap_criterion(summ: dict, T: int, deep: int, seeds: list[int]) -> dict[str, Any]:
@@ -254,7 +287,9 @@ def _overlap_criterion(summ: dict, T: int, deep: int, seeds: list[int]) -> dict[
     keys = ("within_T", "within_deep", "same_step") if deep > T else ("within_T",)
     means = [np.mean([r.get(k, math.nan) for r in rows]) for k in keys] if rows else []
     p95 = np.mean([r["p95"] for r in rows]) if rows else math.nan
-    ov["verdict"] = _word(bool(rows), holds, bool(means) and all(m > p95 for m in means))
+    # every residual stream passes (the unshared model too): a check, not a finding
+    ov["verdict"] = NOT_RUN if not rows else (BY_CONSTRUCTION if holds else NOT_REPRODUCED)
+    ov["seed_means_above"] = bool(means) and all(m > p95 for m in means)
     return ov
 
 
@@ -270,8 +305,12 @@ def _swap_criterion(sums: list[dict[str, Any]], n_boot: int) -> dict[str, Any]:
         "early:logit@all": _swap_effect(sums, "swap_extra", "logit@all", n_boot),
     }
     main = swap["jlens"]
-    swap["holds"] = bool(main and main["effect"]["lo"] > 0)
-    swap["verdict"] = _word(bool(main), swap["holds"], bool(main and main["effect"]["mean"] > 0))
+    if main:
+        e = main["effect"]
+        swap["verdict"] = decide(e["mean"], e["lo"], e["hi"], +1, SWAP_MARGIN)
+    else:
+        swap["verdict"] = NOT_RUN
+    swap["holds"] = swap["verdict"] == REPRODUCED
     return swap
 
 
@@ -318,9 +357,17 @@ def findings_table(findings: dict[str, Any]) -> str:
         else:
             sw = f"**{f['swap']['verdict']}**"
         met = ", ".join(str(i) for i in f["criteria_met"]) or "none"
+        built = ", ".join(str(i) for i in f.get("by_construction", []))
+        met += f"; by construction: {built}" if built else ""
         verdict = f"**{f['verdict']}** (criteria met: {met})"
         lines.append(f"| {m} | {acc} | {band} | {ov_txt} | {sw} | {verdict} |")
-    lines += ["", f"Intervals: {INTERVAL}. Words, per criterion:", ""]
+    lines += [
+        "",
+        f"Intervals: {INTERVAL}. Minimum effects (the one margin policy): "
+        f"{KL_MARGIN:g} nats of KL gain, {100 * SWAP_MARGIN:g} points of swap effect. "
+        "Words, per criterion:",
+        "",
+    ]
     lines += [f"- **{w}**: {c}" for w, c in LENS_VERDICTS.items()]
     return "\n".join(lines)
 

@@ -434,7 +434,7 @@ def configs_root() -> Path:
     the top-level ``configs/``), else the checkout's ``configs/``."""
     package = Path(__file__).resolve().parents[1]
     inside = package / "configs"
-    return inside if inside.is_dir() else package.parent / "configs"
+    return inside.resolve() if inside.is_dir() else package.parent / "configs"
 
 
 # the configs folder every command reads names from

@@ -37,19 +37,23 @@ METRICS = ("accuracy", "min_accuracy", "stability", "ppl")
 SHAPES = ("abrupt_from_chance", "gradual")
 CLAIM_KEYS = {"text", "test", "metric", "method", "methods", "also", "than", "difficulties",
               "depth", "from_depth", "op", "value", "better", "shape", "chance", "min_rise",
-              "reason"}  # fmt: skip
-OPS = {">": 1, "<": -1}
+              "reason", "margin"}  # fmt: skip
+OPS = {">": 1, "<": -1, "~": 0}  # ~: a claimed tie, within the minimum effect
 EXPERIMENTS = CONFIG_DIR / "experiments"
 # What each test needs for each word; printed under a grid's table (the tests it uses).
 CRITERIA = {
     "threshold": "per-seed values (method − rival where a rival is named) against the stated "
     "number: **reproduced** when the 95% t-interval of their mean lies on the claimed side, "
-    "**reproduced in direction** when only the mean does; a method and its rival identical on "
-    "every seed (both at a floor or a ceiling) are **not testable at this scale**",
-    "ordering": "paired per-seed differences method − rival: **reproduced** when the 95% "
-    "t-interval excludes 0 on the claimed side for every rival, **reproduced in direction** when "
-    "only the mean is on that side, **not testable at this scale** when the two are identical on "
-    "every seed (a saturated measure orders nothing)",
+    "**reproduced in direction** when only the mean does; a difference or a change (a threshold "
+    "at 0, a rival, a from_depth) must also reach the minimum effect, else **not "
+    "distinguishable**; ~ claims a tie: **reproduced** when the interval lies within ± the "
+    "minimum effect; a method and its rival identical on every seed (both at a floor or a "
+    "ceiling) are **not testable at this scale**",
+    "ordering": "paired per-seed differences method − rival: **reproduced** when the mean "
+    "reaches the minimum effect on the claimed side and the 95% t-interval excludes 0 for every "
+    "rival, **reproduced in direction** when only the mean does, **not distinguishable** when "
+    "the mean is smaller than the minimum effect, **not testable at this scale** when the two are "
+    "identical on every seed (a saturated measure orders nothing)",
     "climb": "every seed's accuracy-vs-T curve at each named difficulty, up to its peak: "
     "*abrupt* when one step between evaluated T carries ≥ 50% of the rise, *from chance* when "
     "it starts within 5 points of chance, and a climb at all only when it rises by at least "
@@ -57,9 +61,11 @@ CRITERIA = {
     "**reproduced in direction** when every seed-mean curve has it, **not reproduced** otherwise "
     "(fewer than 2 seeds: **not testable at this scale**)",
     "phi_value": "φ's 95% percentile bootstrap interval: **reproduced** when it holds the "
-    "paper's value and excludes 0 and 1, **not reproduced** when it excludes the paper's value, "
-    "**not testable at this scale** when it holds the value and 0 or 1 too (the fit cannot tell "
-    "the value from a recurrence worth nothing or worth a whole layer)",
+    "paper's value and excludes 0 and 1, **not reproduced** when an end the fit did not pin at "
+    "its bound excludes the paper's value, **not testable at this scale** when it holds the value "
+    "and 0 or 1 too (the fit cannot tell the value from a recurrence worth nothing or worth a "
+    "whole layer) or excludes it only by an end pinned at the bound (an interval of [0, 0] is "
+    "an artefact of the bound, not a measurement)",
     "phi_order": "φ's 95% percentile bootstrap intervals of the two methods: **reproduced** "
     "when they are disjoint in the claimed order, **reproduced in direction** when only the "
     "point estimates are in it, **not reproduced** otherwise, **not testable at this scale** when "
@@ -419,7 +425,7 @@ def claim_verdict(claim: dict[str, Any], rows: _Rows) -> Verdict:
 
 
 def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
-    from looplm.experiments.paper.verdicts import judge
+    from looplm.results.vocabulary import claim_margin, judge
 
     test = claim["test"]
     if test == "untestable":
@@ -440,7 +446,9 @@ def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
         rivals = claim.get("than") or []
         if test == "threshold" and not rivals:
             target = float(claim["value"])
-            word, text = judge([v - target for v in got.values()], sign)
+            level = float(np.mean(list(got.values()))) if got else None
+            margin = claim_margin(claim, level, target)
+            word, text = judge([v - target for v in got.values()], sign, margin)
             mean = f"{np.mean(list(got.values())):.1f}{unit}" if got else "no rows"
             need = f"needs {claim['op']} {_num(target)}; margin {text}"
             parts.append((word, f"{_label(rows, point, method)}: {mean} ({need})"))
@@ -450,7 +458,9 @@ def _verdict_of(claim: dict[str, Any], rows: _Rows) -> Verdict:
             deltas = [got[s] - theirs[s] for s in sorted(set(got) & set(theirs))]
             vs = f"{_label(rows, point, method)} − {_label(rows, point, rival)}"
             target = float(claim["value"]) if test == "threshold" else 0.0
-            word, text = judge([d - target for d in deltas], sign)
+            level = float(np.mean(list(theirs.values()))) if theirs else None
+            margin = claim_margin(claim, level, target)
+            word, text = judge([d - target for d in deltas], sign, margin)
             if len(deltas) > 1 and all(d == 0 for d in deltas):
                 # one value on every seed (a floor or a ceiling): nothing to order, no margin
                 word, text = NOT_TESTABLE, text + ", identical on every seed"
@@ -519,7 +529,8 @@ BOUND_TOL = 1e-6  # φ at the fit's bound 0 comes back as ~1e-20, not 0
 
 
 def _spans_0_and_1(v: tuple[float, float, float]) -> bool:
-    """An interval that holds both 0 and 1: the fit cannot place this φ at all."""
+    """An interval that holds both 0 and 1: the fit cannot place this φ at all. (One pinned at a
+    bound still orders: [0, 0] says at most 0, below an interval placed above 0.)"""
     return v[1] <= BOUND_TOL and v[2] >= 1.0 - BOUND_TOL
 
 
@@ -534,8 +545,10 @@ def _phi(claim: dict[str, Any], rows: _Rows) -> Verdict:
     if claim["test"] == "phi_value":
         want = float(claim["value"])
         lo, hi = mine[1], mine[2]
-        if not lo - BOUND_TOL <= want <= hi + BOUND_TOL:
-            word = NOT_REPRODUCED
+        if want > hi + BOUND_TOL:  # excluded from above: only by an end the fit chose freely
+            word = NOT_TESTABLE if hi <= BOUND_TOL else NOT_REPRODUCED
+        elif want < lo - BOUND_TOL:
+            word = NOT_TESTABLE if lo >= 1.0 - BOUND_TOL else NOT_REPRODUCED
         elif lo <= BOUND_TOL or hi >= 1.0 - BOUND_TOL:
             word = NOT_TESTABLE
         else:

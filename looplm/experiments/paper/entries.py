@@ -46,6 +46,7 @@ ROW_KEYS = {
     "dataset",
     "step",
     "scale",
+    "table",  # the paper's table that gives the number, when it is not the entry's own
 }
 METRICS = (
     "ppl",

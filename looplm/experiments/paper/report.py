@@ -247,6 +247,8 @@ def _paper_value(row: dict[str, Any]) -> str:
         s += f" ± {row['std']} s.d."
     elif row.get("ci") is not None:
         s += f" ± {row['ci']} (95% CI)"
+    if row.get("table") is not None:
+        s += f" (Table {row['table']})"
     return s
 
 

@@ -25,11 +25,17 @@ and :func:`prose_links` reads them back (the tests compare the row's word with t
 The tests, per named point (a depth, budget or step) and, for an ordering, per rival method:
 
 * ``ordering`` — the paired per-seed differences ``method − rival`` (matched by seed); the point
-  passes when the mean has the claimed sign and the 95% t-interval (n − 1 degrees of freedom)
-  excludes 0, leans when the mean has the claimed sign only, fails otherwise.
-* ``threshold`` — the per-seed values against a stated number (``op`` ``>`` or ``<``,
+  passes when the mean has the claimed sign by at least the minimum effect and the 95%
+  t-interval (n − 1 degrees of freedom) excludes 0, leans when the mean alone does, is not
+  distinguishable when the mean is smaller than the minimum effect, fails otherwise (``op: "~"``:
+  a claimed tie, passing when the interval lies within ± the minimum effect).
+* ``threshold`` — the per-seed values against a stated number (``op`` ``>``, ``<`` or ``~``,
   ``value``): passes when the whole 95% t-interval of the mean lies on the claimed side, leans
-  when the mean does, fails otherwise.
+  when the mean does, fails otherwise. A threshold at 0 or on a change (``from_depth`` /
+  ``from_step``) is a difference and needs the minimum effect too.
+
+Every word comes from :func:`looplm.results.vocabulary.decide` under its one margin policy
+(:data:`~looplm.results.vocabulary.MARGIN_POLICY`; a claim may state its own ``margin``).
 * ``construction`` — a quantity the method's equations fix (e.g. SCSE's ``R_t = 0``): it must
   equal ``equals`` exactly in every seed. That is a check of the implementation, not a
   reproduction, so the best it can earn is "holds by construction" (a miss is "not reproduced":
@@ -39,7 +45,6 @@ The tests, per named point (a depth, budget or step) and, for an ordering, per r
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,12 +54,15 @@ from looplm.experiments.paper.metrics import seed_values
 from looplm.results.vocabulary import (  # noqa: F401  (the vocabulary, re-exported)
     BY_CONSTRUCTION,
     IN_DIRECTION,
+    NOT_DISTINGUISHABLE,
     NOT_REPRODUCED,
     NOT_RUN,
     NOT_TESTABLE,
     ORDER,
     REPRODUCED,
     VERDICTS,
+    claim_margin,
+    judge,
     weakest,
 )
 
@@ -62,12 +70,12 @@ _ORDER = ORDER
 TESTS = ("ordering", "threshold", "construction", "untestable")
 CLAIM_KEYS = {"text", "test", "method", "methods", "than", "depths", "budgets", "steps",
               "thresholds", "from_depth", "from_step", "scale", "metric", "better", "op", "value",
-              "equals", "dataset", "reason"}  # fmt: skip
+              "equals", "dataset", "reason", "margin"}  # fmt: skip
 # Diagnostics summaries measured once per checkpoint (a claim on them names no point).
 SUMMARY_METRICS = {"bias_max", "raw_bias_max", "median_convergence_loop", "still_updating_at_8",
                    "ray_cosine_min", "ray_cosine_max", "dose_fraction_rms", "dose_fraction_min",
                    "dose_fraction_max"}  # fmt: skip
-OPS = {">": 1, ">=": 1, "<": -1, "<=": -1}
+OPS = {">": 1, ">=": 1, "<": -1, "<=": -1, "~": 0}  # ~: a claimed tie (within the margin)
 
 
 @dataclass
@@ -111,6 +119,8 @@ def check_claim(raw: Any, where: str) -> dict[str, Any]:
         raise LoopLMError(f"{where}: an ordering needs than: [the methods it must beat]")
     if claim.get("better", "lower") not in ("lower", "higher"):
         raise LoopLMError(f"{where}.better={claim['better']!r}; allowed: lower, higher")
+    if test == "ordering" and claim.get("op") not in (None, "~"):
+        raise LoopLMError(f"{where}.op={claim['op']!r}; an ordering allows only ~ (a claimed tie)")
     if test == "threshold" and (claim.get("op") not in OPS or "value" not in claim):
         raise LoopLMError(f"{where}: a threshold needs op (one of {', '.join(OPS)}) and value")
     if test == "construction" and "equals" not in claim:
@@ -152,39 +162,14 @@ def _values(m: Any, method: str, point: dict[str, Any], claim: dict[str, Any]) -
     return got
 
 
-def _interval(values: list[float]) -> tuple[float, float]:
-    """Mean and 95% t half-width (NaN below 2 values)."""
-    from looplm.results.stats import t_halfwidth
-
-    mean = sum(values) / len(values)
-    return mean, t_halfwidth(values)
-
-
-def _pm(mean: float, hw: float) -> str:
-    """``mean ± hw`` with both to the same decimals, four significant digits of the half-width
-    (so that a mean just inside or outside its interval reads so: +1.622 ± 1.624)."""
-    if not hw > 0:
-        return f"{mean:+.4g} ± 0"
-    dec = max(0, 3 - math.floor(math.log10(hw)))
-    return f"{mean:+.{dec}f} ± {hw:.{dec}f}"
-
-
-def judge(values: list[float], sign: int) -> tuple[str, str]:
-    """A verdict word for per-seed values that should lie on side ``sign`` of 0 (−1: below, +1:
-    above), and the evidence text: reproduced when the 95% t-interval of their mean excludes 0
-    on that side, in direction when only the mean is on it, not reproduced otherwise (one value:
-    not testable; none: not yet run)."""
-    if not values:
-        return NOT_RUN, "no rows"
-    if len(values) < 2:
-        return NOT_TESTABLE, f"{values[0]:+.4g} (1 seed: no interval)"
-    mean, hw = _interval(values)
-    text = f"{_pm(mean, hw)} (95% t half-width, {len(values)} seeds)"
-    if mean * sign <= 0:
-        return NOT_REPRODUCED, text
-    if abs(mean) > hw:
-        return REPRODUCED, text
-    return IN_DIRECTION, text
+def _level(m: Any, method: str, point: dict[str, Any], claim: dict[str, Any]) -> float | None:
+    """The level a relative minimum effect is taken of: the mean at the point a change is
+    measured from, else at the point itself."""
+    for key, field_ in (("from_depth", "depth"), ("from_step", "step")):
+        if claim.get(key) is not None:
+            point = {**point, field_: int(claim[key])}
+    got = seed_values(m, method, point)
+    return sum(got.values()) / len(got) if got else None
 
 
 def _combine(words: list[str]) -> str:
@@ -217,14 +202,17 @@ def claim_verdict(claim: dict[str, Any], m: Any) -> Verdict:
             elif test == "threshold":
                 sign = OPS[claim["op"]]
                 target = float(claim["value"])
-                word, text = judge([v - target for v in got.values()], sign)
+                margin = claim_margin(claim, _level(m, method, point, claim), target)
+                word, text = judge([v - target for v in got.values()], sign, margin)
                 parts.append((word, f"{method} {_where(point)} − {target:g}: {text}"))
             else:  # ordering: method − rival, paired by seed
                 sign = -1 if claim.get("better", "lower") == "lower" else 1
+                sign = OPS[claim["op"]] if claim.get("op") else sign
                 for rival in claim["than"]:
                     theirs = _values(m, rival, point, claim)
                     deltas = [got[s] - theirs[s] for s in sorted(set(got) & set(theirs))]
-                    word, text = judge(deltas, sign)
+                    margin = claim_margin(claim, _level(m, rival, point, claim))
+                    word, text = judge(deltas, sign, margin)
                     parts.append((word, f"{method} − {rival} {_where(point)}: {text}"))
     word = _combine([w for w, _ in parts])
     return Verdict(word, VERDICTS[word], [t for _, t in parts])
