@@ -1,9 +1,9 @@
 """looplm's model written with vLLM's layers, for checkpoints written by ``looplm export``.
 
-The loop is looplm's own: the recurrence module (:mod:`looplm.model.recurrences`) runs
-``prepare → init_state → step × T → to_hidden → exit`` exactly as
-:class:`~looplm.model.lm.LoopedLM` does, and calls the shared core through looplm's
-:class:`~looplm.model.block.BlockCall`. What differs is the core: each Transformer layer here is a
+The loop is looplm's own: the recurrence module (:mod:`looplm.model.recurrences`), unrolled by
+:meth:`LoopedLM.unroll <looplm.model.lm.LoopedLM.unroll>` and finished (exit map, coda) by
+:meth:`LoopedLM.finish <looplm.model.lm.LoopedLM.finish>` — the same methods, bound to this
+model's modules — calls the shared core through looplm's :class:`~looplm.model.block.BlockCall`. What differs is the core: each Transformer layer here is a
 :class:`VllmBlock` whose projections are vLLM's tensor-parallel linear layers, whose norms are
 vLLM's ``RMSNorm``, whose rotation is vLLM's rotary embedding and whose attention is vLLM's paged
 ``Attention``.
@@ -54,7 +54,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from looplm.config import ModelConfig, model_config
 from looplm.errors import LoopLMError
 from looplm.model.block import BlockCall, Core, KVSlot
-from looplm.model.lm import check_loops
+from looplm.model.lm import LanguageModelBase, LoopedLM, check_loops
 from looplm.model.recurrences import build_recurrence
 
 __all__ = ["LoopLMForCausalLM", "VllmBlock", "looplm_config"]
@@ -358,20 +358,17 @@ class LoopLMModel(nn.Module):
 
     @torch.no_grad()
     def _count_core_slots(self) -> int:
-        """Block applications of one unroll of depth T: the recurrence's own steps run on a
+        """Block applications of one unroll of depth T: looplm's unroll of the recurrence on a
         stand-in core (G = 0) that counts the layers each call applies."""
         cfg = self.config
-        stand = (
-            _Stand() if cfg.core_layers == 1 else Core([_Stand() for _ in range(cfg.core_layers)])
-        )
+        k = cfg.core_layers
+        stand = _Stand() if k == 1 else Core([_Stand() for _ in range(k)])
         param = next(self.recurrence.parameters(), None)
         device = param.device if param is not None else torch.empty(0).device
-        e = torch.zeros(1, 1, cfg.d_model, device=device)
-        ctx = self.recurrence.prepare(e)
+        ctx = self.recurrence.prepare(torch.zeros(1, 1, cfg.d_model, device=device))
         call = BlockCall(stand)
-        s = self.recurrence.init_state(ctx)
-        for t in range(self.loops):
-            s = self.recurrence.step(call, s, ctx, t)
+        for _ in self.unroll(ctx, self.loops, core=call):
+            pass
         return call.slot
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -382,43 +379,32 @@ class LoopLMModel(nn.Module):
             e = e + self.pos_emb(positions)
         return e
 
+    # looplm's own unroll, coda and layer runner (one implementation), on these modules
+    unroll = LoopedLM.unroll
+    _advance = LoopedLM._advance
+    finish = LoopedLM.finish
+    run_layers = staticmethod(LanguageModelBase.run_layers)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat tokens (N,) at ``positions`` (N,) → what the readout reads (N, d)."""
         slots = _Slots(self.slots, positions)
         tokens = input_ids[None] if self.config.value_embed_layers else None
         e = self.embed(input_ids, positions)[None]  # (1, N, d): the recurrences' layout
         if not self.looped:
-            call = BlockCall(None, cache=slots, tokens=tokens)
-            for layer in self.layers[: len(self.slots)]:
-                call.block = layer
-                e = call.advance(e)
-            return e[0]
+            return self.run_layers(self.layers[: len(self.slots)], e, None, slots, tokens=tokens)[0]
         if len(self.prelude):
-            call = BlockCall(None, cache=slots, tokens=tokens)
-            for layer in self.prelude:
-                call.block = layer
-                e = call.advance(e)
-        rec = self.recurrence
-        ctx = rec.prepare(e)
-        if tokens is not None:
+            e = self.run_layers(self.prelude, e, None, slots, tokens=tokens)
+        ctx = self.recurrence.prepare(e)
+        if tokens is not None:  # value embeddings read the token ids in every layer
             ctx.extra["tokens"] = tokens
         core = BlockCall(self.block, cache=slots, first_slot=len(self.prelude), tokens=tokens)
-        s = rec.init_state(ctx)
-        for t in range(self.loops):
-            s = rec.step(core, s, ctx, t)
-        h = rec.exit(rec.to_hidden(s, ctx))
-        if self.config.coda_norm:
-            h = self.norm_f(h[0])[None]
-        if len(self.coda):
-            call = BlockCall(None, cache=slots, first_slot=core.slot, tokens=tokens)
-            for layer in self.coda:
-                call.block = layer
-                h = call.advance(h)
-            if call.slot != len(self.slots):
-                raise LoopLMError(f"the pass used {call.slot} attention slots of {len(self.slots)}")
-        elif core.slot != len(self.slots):
-            raise LoopLMError(f"the pass used {core.slot} attention slots of {len(self.slots)}")
-        return h[0]
+        for last in self.unroll(ctx, self.loops, core=core):  # noqa: B007 — h_T only
+            pass
+        if core.slot + len(self.coda) != len(self.slots):
+            raise LoopLMError(
+                f"the pass used {core.slot + len(self.coda)} attention slots of {len(self.slots)}"
+            )
+        return self.finish(last.hidden, ctx, cache=slots, first_slot=core.slot)[0]
 
 
 class LoopLMForCausalLM(nn.Module):
