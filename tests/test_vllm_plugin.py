@@ -53,6 +53,7 @@ NEW = 8  # tokens generated per prompt
 PROMPTS = [[5, 60, 7, 100, 33], [200], [17, 3, 250, 9, 9, 41, 77, 120, 8, 64, 1, 99], [42, 43]]
 TOL = 1e-4  # |vLLM log-prob − looplm log-prob| of each chosen token
 MODELS = ("scse", "looped", "parcae", "huginn", "ouro")
+OWN = ("scse", "looped", "unshared")  # looplm's own models (the rest: the families' variants)
 ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: every model here fits many times over
     "VLLM_LOGGING_LEVEL": "WARNING",
@@ -71,7 +72,8 @@ def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _own(folder: Path, recurrence: str):
-    cfg = load_config("tiny_wt2", [f"model.recurrence={recurrence}", "model.dropout=0.0"])
+    layers = ["model.n_layers=2"] if recurrence == "unshared" else []
+    cfg = load_config("tiny_wt2", [f"model.recurrence={recurrence}", "model.dropout=0.0", *layers])
     model = _perturbed(model_from_config(cfg.model))
     return save_checkpoint(folder, model, cfg), model
 
@@ -92,8 +94,8 @@ def exports(tmp_path_factory) -> dict[str, tuple[Path, torch.nn.Module]]:
         pytest.fail("looplm's vllm.general_plugins entry point is not installed (pip install .)")
     root = tmp_path_factory.mktemp("vllm")
     out = {}
-    for name in MODELS:
-        build = _own if name in ("scse", "looped") else _family
+    for name in (*MODELS, "unshared"):
+        build = _own if name in OWN else _family
         ck, model = build(root / f"ck_{name}", name)
         out[name] = (export_checkpoint(ck, root / f"hf_{name}", loops=LOOPS), model)
     return out
@@ -122,8 +124,9 @@ def _env(monkeypatch):
         monkeypatch.setenv(k, v)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", (*MODELS, "unshared"))
 def test_llm_matches_looplm_generate(exports, name: str) -> None:
+    """Through ``vllm.LLM`` (an unshared 2-layer stack too: the first min(T, N) layers)."""
     from vllm import LLM, SamplingParams
 
     folder, model = exports[name]

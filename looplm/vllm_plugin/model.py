@@ -419,7 +419,11 @@ class LoopLMForCausalLM(nn.Module):
         self.logits_processor = LogitsProcessor(cfg.vocab_size)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed(input_ids, torch.zeros_like(input_ids))
+        """The token embedding (times ``emb_scale``); learned positions are added in
+        :meth:`forward`, which reads token ids only."""
+        e = self.model.tok_emb(input_ids)
+        scale = self.config.emb_scale
+        return e * scale if scale != 1.0 else e
 
     def forward(
         self,
