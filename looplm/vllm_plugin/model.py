@@ -96,7 +96,6 @@ class _Slots:
 
     def __init__(self, attention: nn.ModuleList, positions: torch.Tensor) -> None:
         self.attention, self.positions = attention, positions
-        self.used = 0
 
 
 class _Stand(nn.Module):
