@@ -199,6 +199,9 @@ OWN_HALTING = re.compile(r"def _?token_mask|class _?KeysValuesOnly|class Previou
 # A scorer of its own: hidden states → NLL / hits go through LanguageModelBase.score.
 OWN_SCORER = re.compile(r"\bnorm_f\(|\breadout_nll\(|\blinear_(?:nll_and_correct|cross_entropy)\(")
 IGNORE_LITERAL = re.compile(r"(?<![\w.])-100\b")
+# The vLLM model's readout: its final norm feeds vLLM's tensor-parallel head (logits for vLLM's
+# sampler, gathered over ranks), which looplm's single-device readout cannot produce.
+OWN_READOUT = {Path("vllm_plugin/model.py")}
 
 
 def test_one_unroll_one_halting_one_scorer_one_ignore_index():
@@ -209,7 +212,8 @@ def test_one_unroll_one_halting_one_scorer_one_ignore_index():
     for f in sorted(ROOT.rglob("*.py")):
         rel = f.relative_to(ROOT)
         for i, line in enumerate(f.read_text().splitlines(), 1):
-            if rel.parts[0] != "model" and (OWN_UNROLL.search(line) or OWN_SCORER.search(line)):
+            scorer = OWN_SCORER.search(line) and rel not in OWN_READOUT
+            if rel.parts[0] != "model" and (OWN_UNROLL.search(line) or scorer):
                 found.append(f"{rel}:{i}: {line.strip()}")
             if rel != Path("targets.py") and IGNORE_LITERAL.search(line):
                 found.append(f"{rel}:{i}: {line.strip()} (use looplm.targets.IGNORE_INDEX)")
