@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=os.environ.get("LOOPLM_DATA_DIR", "../shared/data"))
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
-    from looplm.hf import export_checkpoint
+    from looplm.decoding.hf import export_checkpoint
 
     model, cfg, ckpt, _tmp = load_model(args)
     T = args.loops

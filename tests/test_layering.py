@@ -201,7 +201,7 @@ OWN_SCORER = re.compile(r"\bnorm_f\(|\breadout_nll\(|\blinear_(?:nll_and_correct
 IGNORE_LITERAL = re.compile(r"(?<![\w.])-100\b")
 # The vLLM model's readout: its final norm feeds vLLM's tensor-parallel head (logits for vLLM's
 # sampler, gathered over ranks), which looplm's single-device readout cannot produce.
-OWN_READOUT = {Path("vllm_plugin/model.py")}
+OWN_READOUT = {Path("decoding/vllm/model.py")}
 
 
 def test_one_unroll_one_halting_one_scorer_one_ignore_index():

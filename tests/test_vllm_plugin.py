@@ -2,7 +2,7 @@
 
 For a looplm SCSE model, a looped baseline and head-dimension-32 variants of the Parcae, Huginn and
 Ouro fixtures (vLLM's CPU attention takes head dimensions 32 and up; the fixtures' is 16): the
-greedy tokens vLLM chooses equal ``looplm.generate.generate(model, ids, n, loops=T)`` and the
+greedy tokens vLLM chooses equal ``looplm.decoding.decoder.generate(model, ids, n, loops=T)`` and the
 chosen tokens' log-probabilities equal looplm's full-sequence readout within 1e-4 (float32;
 vLLM's paged attention, fused norms and cached rotary tables round differently from looplm's),
 through ``vllm.LLM`` and through ``vllm serve``'s OpenAI completions endpoint. Prompts of mixed
@@ -39,12 +39,12 @@ pytest.importorskip(
 )
 
 import looplm  # noqa: E402
-from looplm.checkpoint import save_checkpoint  # noqa: E402
-from looplm.config import load_config, model_config  # noqa: E402
-from looplm.generate import generate  # noqa: E402
-from looplm.hf import export_checkpoint  # noqa: E402
+from looplm.decoding.decoder import generate  # noqa: E402
+from looplm.decoding.hf import export_checkpoint  # noqa: E402
 from looplm.model import model_from_config  # noqa: E402
+from looplm.model.checkpoint import save_checkpoint  # noqa: E402
 from looplm.model.families import run_config  # noqa: E402
+from looplm.settings.config import load_config, model_config  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pretrained"
 LOOPS = 3  # the exported depth
@@ -283,8 +283,8 @@ def test_served_depth_rejects_a_bad_override(exports) -> None:
     """``loops`` that is not an integer >= 1 is refused with a one-line error naming it."""
     from types import SimpleNamespace
 
+    from looplm.decoding.vllm.model import looplm_config
     from looplm.errors import LoopLMError
-    from looplm.vllm_plugin.model import looplm_config
 
     folder, _ = exports["scse"]
     cfg = json.loads((folder / "config.json").read_text())

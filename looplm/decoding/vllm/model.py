@@ -51,11 +51,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-from looplm.config import ModelConfig, model_config
 from looplm.errors import LoopLMError
 from looplm.model.block import BlockCall, Core, KVSlot
 from looplm.model.lm import LanguageModelBase, LoopedLM, check_loops
 from looplm.model.recurrences import build_recurrence
+from looplm.settings.config import ModelConfig, model_config
 
 __all__ = ["LoopLMForCausalLM", "VllmBlock", "looplm_config"]
 

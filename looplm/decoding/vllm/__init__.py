@@ -5,7 +5,7 @@
 
 vLLM finds :func:`register` through the ``vllm.general_plugins`` entry point (installed with
 looplm) in every process it starts. It registers the exported architecture
-``LoopLMForCausalLM`` (:class:`looplm.vllm_plugin.model.LoopLMForCausalLM`, built from vLLM's
+``LoopLMForCausalLM`` (:class:`looplm.decoding.vllm.model.LoopLMForCausalLM`, built from vLLM's
 own layers) and the export's configuration class under ``model_type`` ``looplm`` (so the folder
 loads without ``--trust-remote-code``). The loop depth is fixed per served model: the export's
 ``loops``, or the ``loops`` of vLLM's ``--hf-overrides``.
@@ -23,7 +23,7 @@ def register() -> None:
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
-    from looplm.hf.configuration_looplm import LoopLMConfig
+    from looplm.decoding.hf.configuration_looplm import LoopLMConfig
 
     try:
         AutoConfig.register("looplm", LoopLMConfig, exist_ok=True)
@@ -33,4 +33,4 @@ def register() -> None:
         except ValueError:
             pass  # registered already
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, "looplm.vllm_plugin.model:LoopLMForCausalLM")
+        ModelRegistry.register_model(ARCHITECTURE, "looplm.decoding.vllm.model:LoopLMForCausalLM")
