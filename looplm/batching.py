@@ -44,7 +44,7 @@ from looplm.generate import (
     step_readouts,
 )
 
-SCHEDULES = ("continuous", "static")
+SCHEDULES = ("continuous", "static", "loop")
 
 __all__ = ["SCHEDULES", "BatchResult", "Batcher", "Completion", "Request", "generate_many"]
 
@@ -137,10 +137,18 @@ def generate_many(
     schedule: str = "continuous",
     progress: bool = False,
     prefill_halt: bool = False,
+    prefill_chunk: int = 32,
+    static: bool = False,
+    compile: bool = False,
 ) -> BatchResult:
     """Generate every request's continuation with at most ``slots`` sequences per batch (see the
     module docstring). ``eot_id``: a sequence also ends after this token; ``prefill_halt``: prompt
-    tokens halt by the same rule as generated ones (:func:`looplm.generate.decode`)."""
+    tokens halt by the same rule as generated ones (:func:`looplm.generate.decode`).
+
+    ``schedule="loop"``: loop-level batching (:mod:`looplm.loop_batching`: every row at its own
+    loop step; prompts prefilled in chunks of ``prefill_chunk`` tokens beside the decoding rows;
+    ``static``: bucketed row counts, ``compile``: the per-iteration step compiled); then
+    ``steps`` counts core applications and ``row_steps`` the rows they computed."""
     from tqdm import tqdm
 
     from looplm.model.lm import check_loops
@@ -163,6 +171,21 @@ def generate_many(
     model.eval()
     total = sum(r.max_new for r in requests)
     bar = tqdm(total=total, disable=not progress, unit="tok", leave=False)
+    if schedule == "loop":
+        return _generate_loop_level(
+            model,
+            requests,
+            bar,
+            slots=slots,
+            loops=loops,
+            halting=halting,
+            slide=slide,
+            eot_id=eot_id,
+            prefill_halt=prefill_halt,
+            prefill_chunk=prefill_chunk,
+            static=static,
+            compile=compile,
+        )
     run = Batcher(model, loops, halting, slide=slide, eot_id=eot_id, prefill_halt=prefill_halt)
     run.bar = bar
     for item in enumerate(requests):
@@ -184,6 +207,23 @@ def generate_many(
     seconds = time.perf_counter() - t0
     completions = [run.completions[i] for i in range(len(requests))]
     return BatchResult(completions, seconds, run.steps, run.row_steps, run.prompt_loops)
+
+
+def _generate_loop_level(model: nn.Module, requests: list[Request], bar, **kw) -> BatchResult:
+    """:func:`generate_many` on the loop-level batcher."""
+    from looplm.loop_batching import LoopBatcher
+
+    run = LoopBatcher(model, kw.pop("loops"), kw.pop("halting"), **kw)
+    run.bar = bar
+    run.queue.extend(enumerate(requests))
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        while run.busy:
+            run.iterate()
+    bar.close()
+    seconds = time.perf_counter() - t0
+    completions = [run.completions[i] for i in range(len(requests))]
+    return BatchResult(completions, seconds, run.steps, run.row_steps)
 
 
 class Batcher:
