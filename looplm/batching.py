@@ -139,7 +139,7 @@ def generate_many(
     prefill_halt: bool = False,
     prefill_chunk: int = 32,
     static: bool = False,
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> BatchResult:
     """Generate every request's continuation with at most ``slots`` sequences per batch (see the
     module docstring). ``eot_id``: a sequence also ends after this token; ``prefill_halt``: prompt

@@ -240,7 +240,7 @@ class LoopBatcher:
         on_token=None,
         prefill_chunk: int = 32,
         static: bool = False,
-        compile: bool = False,
+        compile: bool | str = False,
     ) -> None:
         if prefill_halt and halting.enabled:
             raise LoopLMError(
@@ -284,11 +284,18 @@ class LoopBatcher:
                 self.decide = KLHalt(halting.threshold)
             else:
                 self.decide = UpdateHalt(halting.threshold)
-        self.steps = self.row_steps = self.iterations = 0
+        # core applications, rows they computed, iterations, and applications whose lanes were
+        # at different loop steps
+        self.steps = self.row_steps = self.iterations = self.mixed_steps = 0
+        self.lane_counts: set[int] = set()  # the batch sizes the core step has run at
         self._step_fn = self._core_step
         if compile:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._step_fn = torch.compile(self._core_step, dynamic=False, mode=mode)
+            backend = compile if isinstance(compile, str) else "inductor"
+            cuda = self.device.type == "cuda" and backend == "inductor"
+            mode = "reduce-overhead" if cuda else None  # CUDA graphs replay the step
+            self._step_fn = torch.compile(
+                self._core_step, dynamic=False, mode=mode, backend=backend
+            )
 
     # ------------------------------------------------------------------ the driver's view
     @property
@@ -435,10 +442,13 @@ class LoopBatcher:
             self.cache.length[crow].to(self.device),
         )
         live = torch.tensor([r is not None for r in self.lanes])
+        self.lane_counts.add(len(self.lanes))
         lt["s"] = s
         t = lt["t"] = t + live.long()
         self.steps += 1
         self.row_steps += int(live.sum())
+        tl = t[live]
+        self.mixed_steps += int(tl.min() != tl.max())
         leave = live & (t >= T)
         ask = live & (t < T)
         if self.decide is not None and bool(ask.any()):

@@ -1,0 +1,189 @@
+"""Loop-level continuous batching (looplm.loop_batching): rows at different loop steps share one
+application of the core, and every sequence still gets the tokens and loop depths that
+looplm.generate.decode gives it alone — with mixed depths, joins, leaves, cancels and chunked
+prefill; the static (bucketed) step compiles once per bucket."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from looplm.batching import Request, generate_many
+from looplm.config import load_config
+from looplm.errors import LoopLMError
+from looplm.generate import Halting, decode
+from looplm.loop_batching import LoopBatcher, buckets
+from looplm.model import model_from_config
+
+LAYOUTS = {
+    "learned": (),
+    "rope_prelude_core2_coda": (
+        "model.positions=rope",
+        "model.prelude_layers=1",
+        "model.core_layers=2",
+        "model.coda_layers=1",
+    ),
+    "looped_gqa": ("model.recurrence=looped", "model.n_kv_heads=2"),
+    "ouro": ("model.recurrence=ouro", "model.final_norm=false"),
+}
+
+
+def _model(*overrides: str, context: int = 24):
+    cfg = load_config("tiny_wt2", ["model.dropout=0.0", f"model.context={context}", *overrides])
+    torch.manual_seed(0)
+    model = model_from_config(cfg.model).eval()
+    with torch.no_grad():  # away from the init so that tokens halt at different depths
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model
+
+
+def _requests(n: int = 6, seed: int = 0) -> list[Request]:
+    """Mixed prompt lengths (some past the context: they slide) and lengths; greedy and sampled."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        L = int(torch.randint(1, 30, (1,), generator=g))
+        new = int(torch.randint(1, 24, (1,), generator=g))
+        ids = tuple(torch.randint(0, 256, (L,), generator=g).tolist())
+        out.append(Request(ids, new, temperature=0.0 if i % 2 else 1.0, top_k=50, seed=i))
+    return out
+
+
+def _alone(model, r: Request, loops: int, halt: str, thr: float):
+    got = decode(
+        model,
+        torch.tensor([r.ids]),
+        r.max_new,
+        loops,
+        halt=halt,
+        threshold=thr,
+        temperature=r.temperature,
+        top_k=r.top_k,
+        generator=torch.Generator().manual_seed(r.seed),
+    )
+    return got.tokens[0, len(r.ids) :].tolist(), got.loops[0].tolist()
+
+
+# (layout, rule, threshold): thresholds at which these random-weight models' tokens halt at mixed
+# depths (asserted below)
+CASES = [
+    ("learned", "none", 0.0),
+    ("learned", "maxtoken", 0.5),
+    ("learned", "kl", 0.02),
+    ("rope_prelude_core2_coda", "maxtoken", 1.0),
+    ("looped_gqa", "maxtoken", 1.0),
+    ("ouro", "gate", 0.5),
+]
+
+
+@pytest.mark.parametrize("layout,halt,thr", CASES)
+def test_each_sequence_equals_generating_it_alone(layout: str, halt: str, thr: float) -> None:
+    model = _model(*LAYOUTS[layout])
+    requests = _requests()
+    T = 4
+    alone = [_alone(model, r, T, halt, thr) for r in requests]
+    # 6 requests through 3 slots (sequences leave, the queued ones join), prompts of 1-29 tokens
+    # prefilled in chunks of 5 beside the decoding rows, windows sliding past the context of 24
+    res = generate_many(
+        model, requests, slots=3, loops=T, halt=halt, threshold=thr, schedule="loop",
+        prefill_chunk=5,
+    )  # fmt: skip
+    for (tokens, loops), c in zip(alone, res.completions):
+        assert c.tokens == tokens
+        assert c.loops == loops
+    if halt != "none":  # the rule acted: tokens left the loop at different steps ...
+        depths = [d for _, loops in alone for d in loops]
+        assert min(depths) < T and max(depths) == T
+        # ... and rows at different loop steps shared applications of the core
+        run = LoopBatcher(model, T, Halting(halt, thr), slots=3, prefill_chunk=5)
+        run.queue.extend(enumerate(requests))
+        while run.busy:
+            run.iterate()
+        assert run.mixed_steps > 0
+
+
+def test_arrivals_leaves_and_cancels_change_no_other_sequence() -> None:
+    model = _model(context=32)
+    T, halt, thr = 4, "maxtoken", 0.5
+    reqs = _requests(5, seed=3)
+    events: dict[int, list[tuple[int, int]]] = {}
+    run = LoopBatcher(
+        model,
+        T,
+        Halting(halt, thr),
+        slots=3,
+        prefill_chunk=4,
+        on_token=lambda k, tok, d, out: events.setdefault(k, []).append((tok, d)),
+    )
+    arrivals = {0: [0, 1], 5: [2], 9: [3, 4]}  # iteration → requests arriving then
+    run.queue.append((99, Request((1, 2), 8)))
+    assert run.cancel(99)  # cancelled while queued: never runs
+    cancelled = False
+    i = 0
+    while run.busy or arrivals:
+        for k in arrivals.pop(i, []):
+            run.queue.append((k, reqs[k]))
+        if i == 14:  # request 1 is mid-sequence (a lane, or its slid window's prefill)
+            assert run.cancel(1)
+            cancelled = True
+        run.iterate()
+        i += 1
+    assert cancelled and 99 not in events and 99 not in run.completions
+    for k, r in enumerate(reqs):
+        tokens, loops = _alone(model, r, T, halt, thr)
+        out = run.completions[k]
+        if k == 1:
+            assert out.finish == "cancelled" and 0 < len(out.tokens) < len(tokens)
+            tokens, loops = tokens[: len(out.tokens)], loops[: len(out.tokens)]
+        else:
+            assert out.finish == "length"
+        assert out.tokens == tokens and out.loops == loops
+        assert events[k] == list(zip(tokens, loops))
+    assert run.cancel(1) is False  # ended: nothing to cancel
+    assert not run.prefills and all(r is None for r in run.lanes)
+    assert (run.cache.length == 0).all()  # every cache row was given back
+
+
+def test_static_step_compiles_once_per_bucket_and_never_again() -> None:
+    """A long run with sequences joining and leaving at mixed depths: the compiled step is traced
+    once per bucketed lane count it meets (backend ``eager``: tracing only, cheap) and the
+    answers stay those of decoding each sequence alone."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = _model()
+    reqs = _requests(10, seed=1)
+    T, halt, thr = 3, "maxtoken", 0.5
+    run = LoopBatcher(model, T, Halting(halt, thr), slots=4, prefill_chunk=5, compile="eager")
+    run.queue.extend(enumerate(reqs))
+    before = counters["stats"]["unique_graphs"]
+    while run.busy:
+        run.iterate()
+    assert run.steps > 80 and run.mixed_steps > 0
+    assert run.lane_counts <= set(buckets(4)) and len(run.lane_counts) >= 2
+    assert counters["stats"]["unique_graphs"] - before == len(run.lane_counts)
+    for k, r in enumerate(reqs):
+        assert (run.completions[k].tokens, run.completions[k].loops) == _alone(
+            model, r, T, halt, thr
+        )
+
+
+def test_buckets() -> None:
+    assert buckets(1) == [1]
+    assert buckets(6) == [1, 2, 4, 6]
+    assert buckets(8) == [1, 2, 4, 8]
+
+
+def test_what_the_loop_schedule_does_not_serve_is_a_one_line_error() -> None:
+    model = _model()
+    with pytest.raises(LoopLMError, match="prefill halting"):
+        LoopBatcher(model, 3, Halting("kl", 0.1), prefill_halt=True)
+    coda = _model(*LAYOUTS["rope_prelude_core2_coda"])
+    with pytest.raises(LoopLMError, match="halt=kl on a model with coda"):
+        LoopBatcher(coda, 3, Halting("kl", 0.1))
+    stepped = _model("model.recurrence=step_conditioned")
+    with pytest.raises(LoopLMError, match="depend on the loop index"):
+        LoopBatcher(stepped, 3, Halting())
+    with pytest.raises(LoopLMError, match="prefill_chunk=0"):
+        LoopBatcher(model, 3, Halting(), prefill_chunk=0)
