@@ -42,9 +42,11 @@ class GenerateSettings:
     prefill_halt: bool = False
     slide: int = setting(1, lo=1)  # tokens the window advances when the context is full
     slots: int = setting(8, lo=1, hi=65_536)  # --prompts: sequences decoded together (batch size)
-    # --prompts: refill a slot as soon as its sequence ends (continuous) or run fixed groups of
-    # --slots prompts to the end of their longest (static)
-    schedule: str = setting("continuous", choices=("continuous", "static"))
+    # --prompts: refill a slot as soon as its sequence ends (continuous), run fixed groups of
+    # --slots prompts to the end of their longest (static), or keep every sequence at its own
+    # loop step (loop: a halted token's next one starts in the next core application)
+    schedule: str = setting("continuous", choices=("continuous", "static", "loop"))
+    prefill_chunk: int = setting(32, lo=1)  # --schedule loop: prompt tokens per prefill chunk
     stop_at_eot: bool = False  # end a sequence at the end-of-text token
     out: str | None = None  # --prompts: write the JSON lines here instead of stdout
 
@@ -167,6 +169,7 @@ def generate_file(model: Any, tok: Any, path: str, s: GenerateSettings) -> str:
         schedule=s.schedule,
         progress=progress_enabled(),
         prefill_halt=s.prefill_halt,
+        prefill_chunk=s.prefill_chunk,
     )
     cpu = time.process_time() - cpu0
     lines = []

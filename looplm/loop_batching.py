@@ -143,6 +143,7 @@ class _LoopView(KVCache):
         self.lengths: torch.Tensor | None = None  # given lengths (a compiled step's input)
         self.K: torch.Tensor | None = None  # given buffers (a compiled step's inputs)
         self.V: torch.Tensor | None = None
+        self.write_only = False  # a keys/values-only pass: nothing is read back
 
     @property
     def length(self) -> torch.Tensor:
@@ -159,17 +160,27 @@ class _LoopView(KVCache):
             shape = (c.n_slots, c.n_rows, nh, c.capacity, hs)
             c.K, c.V = k.new_zeros(shape), v.new_zeros(shape)
         K, V = (c.K, c.V) if self.K is None else (self.K, self.V)
+        S, N = K.shape[:2]
         dev = k.device
         rows = self.rows.to(dev)
         slot = torch.full_like(rows, index) if self.offset is None else self.offset.to(dev) + index
-        pos = self.length.to(dev)[:, None] + torch.arange(L, device=dev)  # (B, L)
-        s, r = slot[:, None].expand(B, L), rows[:, None].expand(B, L)
-        K[s, r, :, pos] = k.transpose(1, 2)
-        V[s, r, :, pos] = v.transpose(1, 2)
-        if self.full:
-            return K[slot, rows], V[slot, rows]
-        end = int(pos.max()) + 1
-        return K[slot, rows, :, :end], V[slot, rows, :, :end]
+        sr = slot * N + rows  # rows of the (slots × rows) flattened buffers
+        Kf, Vf = K.view(S * N, *K.shape[2:]), V.view(S * N, *V.shape[2:])
+        if L == 1:  # decoding: one position per row
+            pos = self.length.to(dev)
+            Kf[sr, :, pos] = k[:, :, 0]
+            Vf[sr, :, pos] = v[:, :, 0]
+        else:
+            pos = self.length.to(dev)[:, None] + torch.arange(L, device=dev)  # (B, L)
+            r = sr[:, None].expand(B, L)
+            Kf[r, :, pos] = k.transpose(1, 2)
+            Vf[r, :, pos] = v.transpose(1, 2)
+        if self.write_only:
+            return k, v
+        if not self.full:  # reads span the rows' longest (index_select: one copy of each row)
+            end = int(pos.max()) + 1
+            Kf, Vf = Kf[:, :, :end], Vf[:, :, :end]
+        return Kf.index_select(0, sr), Vf.index_select(0, sr)
 
 
 def _slots_per_step(model: nn.Module) -> tuple[int, int, int]:
@@ -496,6 +507,7 @@ class LoopBatcher:
             ed = e.to(dev)
             ectx = LoopContext(ctx.e[ed], ctx.anchor[ed], {k: v[ed] for k, v in ctx.extra.items()})
             view = self.cache.view(crow[e], (t[e] * self.per_step))
+            view.write_only = True
             core = model.core_call(ectx, cache=view)
             kv = KeysValuesOnly(core, torch.zeros(len(e), 1, dtype=torch.bool, device=dev))
             model.recurrence.step(kv, s[ed], ectx, 0)

@@ -25,6 +25,10 @@ class ServeSettings:
     port: int = 8000  # TCP port (0: any free port, printed at start)
     model_name: str = ""  # the model id in /v1/models and responses (default: the folder name)
     slots: int = 8  # sequences decoded together; memory is bounded by slots x context
+    # continuous (token-level: one decoding pass per token boundary) | loop (loop-level: every
+    # sequence at its own loop step, see docs/serving.md)
+    schedule: str = "continuous"
+    prefill_chunk: int = 32  # --schedule loop: prompt tokens prefilled per chunk beside decoding
     max_queue: int = 64  # requests waiting for a slot; one more is answered 429 with Retry-After
     loops: int = 0  # default loop depth T of a request (0: the checkpoint's training depth)
     max_loops: int = 64  # largest loop depth a request may ask for
@@ -60,6 +64,7 @@ class ServeSettings:
             "max_n": (self.max_n, 1, 128),
             "max_logprobs": (self.max_logprobs, 0, 100),
             "slide": (self.slide, 1, 1_000_000),
+            "prefill_chunk": (self.prefill_chunk, 1, 1_000_000),
             "threads": (self.threads, 0, 1024),
         }
         for name, (value, lo, hi) in ints.items():
@@ -69,6 +74,8 @@ class ServeSettings:
             raise LoopLMError(
                 f"max_tokens={self.max_tokens} is above max_tokens_limit={self.max_tokens_limit}"
             )
+        if self.schedule not in ("continuous", "loop"):
+            raise LoopLMError(f"schedule={self.schedule!r}; allowed: continuous, loop")
         if self.halt not in HALT_NAMES:
             raise LoopLMError(f"halt={self.halt!r}; allowed: {', '.join(HALT_NAMES)}")
         if self.chat_template not in CHAT_TEMPLATES:
