@@ -44,7 +44,7 @@ from looplm.generate import (
     step_readouts,
 )
 
-SCHEDULES = ("continuous", "static", "loop")
+SCHEDULES = ("continuous", "static")
 
 __all__ = ["SCHEDULES", "BatchResult", "Batcher", "Completion", "Request", "generate_many"]
 
@@ -137,55 +137,19 @@ def generate_many(
     schedule: str = "continuous",
     progress: bool = False,
     prefill_halt: bool = False,
-    prefill_chunk: int = 32,
-    static: bool = False,
-    compile: bool | str = False,
 ) -> BatchResult:
     """Generate every request's continuation with at most ``slots`` sequences per batch (see the
     module docstring). ``eot_id``: a sequence also ends after this token; ``prefill_halt``: prompt
-    tokens halt by the same rule as generated ones (:func:`looplm.generate.decode`).
-
-    ``schedule="loop"``: loop-level batching (:mod:`looplm.loop_batching`: every row at its own
-    loop step; prompts prefilled in chunks of ``prefill_chunk`` tokens beside the decoding rows;
-    ``static``: bucketed row counts, ``compile``: the per-iteration step compiled); then
-    ``steps`` counts core applications and ``row_steps`` the rows they computed."""
+    tokens halt by the same rule as generated ones (:func:`looplm.generate.decode`). Loop-level
+    batching: :func:`looplm.loop_batching.generate_loop_level`."""
     from tqdm import tqdm
 
-    from looplm.model.lm import check_loops
-
-    check_loops(loops)
-    halting = Halting(halt, float(threshold))
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise LoopLMError(f"slots={slots!r} must be an integer >= 1")
+    halting = check_batch(model, requests, slots, loops, halt, threshold, slide)
     if schedule not in SCHEDULES:
         raise LoopLMError(f"schedule={schedule!r}; allowed: {', '.join(SCHEDULES)}")
-    if not getattr(model, "is_looped", False):
-        raise LoopLMError("batched generation needs a looped model (recurrence != unshared)")
-    context = model.config.context
-    if not 1 <= slide <= context:
-        raise LoopLMError(f"slide={slide} must be in [1, context={context}]")
-    vocab = model.config.vocab_size
-    for r in requests:
-        if min(r.ids) < 0 or max(r.ids) >= vocab:
-            raise LoopLMError(f"a prompt has token ids outside the vocabulary [0, {vocab})")
     model.eval()
     total = sum(r.max_new for r in requests)
     bar = tqdm(total=total, disable=not progress, unit="tok", leave=False)
-    if schedule == "loop":
-        return _generate_loop_level(
-            model,
-            requests,
-            bar,
-            slots=slots,
-            loops=loops,
-            halting=halting,
-            slide=slide,
-            eot_id=eot_id,
-            prefill_halt=prefill_halt,
-            prefill_chunk=prefill_chunk,
-            static=static,
-            compile=compile,
-        )
     run = Batcher(model, loops, halting, slide=slide, eot_id=eot_id, prefill_halt=prefill_halt)
     run.bar = bar
     for item in enumerate(requests):
@@ -209,21 +173,32 @@ def generate_many(
     return BatchResult(completions, seconds, run.steps, run.row_steps, run.prompt_loops)
 
 
-def _generate_loop_level(model: nn.Module, requests: list[Request], bar, **kw) -> BatchResult:
-    """:func:`generate_many` on the loop-level batcher."""
-    from looplm.loop_batching import LoopBatcher
+def check_batch(
+    model: nn.Module,
+    requests: list[Request],
+    slots: int,
+    loops: int,
+    halt: str,
+    threshold: float,
+    slide: int,
+) -> Halting:
+    """The checks of a batched generation's settings (one-line errors); its halting rule."""
+    from looplm.model.lm import check_loops
 
-    run = LoopBatcher(model, kw.pop("loops"), kw.pop("halting"), **kw)
-    run.bar = bar
-    run.queue.extend(enumerate(requests))
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        while run.busy:
-            run.iterate()
-    bar.close()
-    seconds = time.perf_counter() - t0
-    completions = [run.completions[i] for i in range(len(requests))]
-    return BatchResult(completions, seconds, run.steps, run.row_steps)
+    check_loops(loops)
+    halting = Halting(halt, float(threshold))
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise LoopLMError(f"slots={slots!r} must be an integer >= 1")
+    if not getattr(model, "is_looped", False):
+        raise LoopLMError("batched generation needs a looped model (recurrence != unshared)")
+    context = model.config.context
+    if not 1 <= slide <= context:
+        raise LoopLMError(f"slide={slide} must be in [1, context={context}]")
+    vocab = model.config.vocab_size
+    for r in requests:
+        if min(r.ids) < 0 or max(r.ids) >= vocab:
+            raise LoopLMError(f"a prompt has token ids outside the vocabulary [0, {vocab})")
+    return halting
 
 
 class Batcher:

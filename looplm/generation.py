@@ -147,6 +147,7 @@ def generate_file(model: Any, tok: Any, path: str, s: GenerateSettings) -> str:
     lines go to ``s.out`` or stdout, the summary line is returned."""
     from looplm.batching import generate_many
     from looplm.io import atomic_write_text
+    from looplm.loop_batching import generate_loop_level
     from looplm.progress import progress_enabled
 
     defaults = {
@@ -157,20 +158,21 @@ def generate_file(model: Any, tok: Any, path: str, s: GenerateSettings) -> str:
     }
     texts, requests = read_prompts(path, defaults, tok)
     cpu0 = time.process_time()
-    res = generate_many(
-        model,
-        requests,
+    kw = dict(
         slots=s.slots,
         loops=s.loops,
         halt=s.halt,
         threshold=s.threshold or 0.0,
         slide=s.slide,
         eot_id=tok.eot_id if s.stop_at_eot else None,
-        schedule=s.schedule,
         progress=progress_enabled(),
-        prefill_halt=s.prefill_halt,
-        prefill_chunk=s.prefill_chunk,
     )
+    if s.schedule == "loop":
+        if s.prefill_halt:
+            raise LoopLMError("--prefill-halt runs on --schedule continuous or static")
+        res = generate_loop_level(model, requests, prefill_chunk=s.prefill_chunk, **kw)
+    else:
+        res = generate_many(model, requests, schedule=s.schedule, prefill_halt=s.prefill_halt, **kw)
     cpu = time.process_time() - cpu0
     lines = []
     for i, (text, c) in enumerate(zip(texts, res.completions)):

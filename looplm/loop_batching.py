@@ -47,20 +47,59 @@ every step), recurrences whose step depends on t, data-given attention masks.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import torch
 from torch import nn
 
-from looplm.batching import Completion, Request, _Row
+from looplm.batching import Batcher, BatchResult, Completion, Request, _Row, check_batch
 from looplm.errors import LoopLMError
 from looplm.generate import Halting, StaticKVCache, _sample, step_readouts
+from looplm.loop_cache import LoopKVCache
 from looplm.model.halting import GateHalt, KeysValuesOnly, KLHalt, UpdateHalt
-from looplm.model.kv import KVCache
+from looplm.model.lm import LoopStep
 from looplm.model.readout import log_probs
 from looplm.model.recurrences import LoopContext
 
-__all__ = ["LoopBatcher", "LoopKVCache", "buckets"]
+__all__ = ["LoopBatcher", "LoopKVCache", "buckets", "generate_loop_level"]
+
+
+def generate_loop_level(
+    model: nn.Module,
+    requests: list[Request],
+    *,
+    slots: int = 8,
+    loops: int = 8,
+    halt: str = "none",
+    threshold: float = 0.0,
+    slide: int = 1,
+    eot_id: int | None = None,
+    progress: bool = False,
+    prefill_chunk: int = 32,
+    static: bool = False,
+    compile: bool | str = False,
+) -> BatchResult:
+    """:func:`looplm.batching.generate_many` (same arguments and result) on a loop-level batch of
+    at most ``slots`` sequences (module docstring): ``steps`` counts core applications,
+    ``row_steps`` the sequences they computed."""
+    from tqdm import tqdm
+
+    halting = check_batch(model, requests, slots, loops, halt, threshold, slide)
+    model.eval()
+    run = LoopBatcher(
+        model, loops, halting, slots=slots, slide=slide, eot_id=eot_id,
+        prefill_chunk=prefill_chunk, static=static, compile=compile,
+    )  # fmt: skip
+    run.bar = tqdm(total=sum(r.max_new for r in requests), disable=not progress, leave=False)
+    run.queue.extend(enumerate(requests))
+    t0 = time.perf_counter()
+    while run.busy:
+        run.iterate()
+    run.bar.close()
+    seconds = time.perf_counter() - t0
+    completions = [run.completions[i] for i in range(len(requests))]
+    return BatchResult(completions, seconds, run.steps, run.row_steps)
 
 
 def buckets(slots: int) -> list[int]:
@@ -70,117 +109,6 @@ def buckets(slots: int) -> list[int]:
         out.append(n)
         n *= 2
     return [*out, slots]
-
-
-class LoopKVCache:
-    """Keys/values of every slot (block application) for every cache row, in one
-    (slots, rows, kv heads, capacity, head size) buffer pair, and each row's cached positions.
-
-    A pass reads and writes it through a :meth:`view`: its rows, and per row a slot offset (the
-    row's loop step × slots per step), so rows at different loop steps share one block call."""
-
-    def __init__(self, capacity: int, n_slots: int, rows: int) -> None:
-        self.capacity, self.n_slots = int(capacity), int(n_slots)
-        self.length = torch.zeros(rows, dtype=torch.long)
-        self.K: torch.Tensor | None = None
-        self.V: torch.Tensor | None = None
-
-    @property
-    def n_rows(self) -> int:
-        return self.length.shape[0]
-
-    def grow(self, rows: int) -> None:
-        """At least ``rows`` rows (new rows empty)."""
-        n = rows - self.n_rows
-        if n <= 0:
-            return
-        self.length = torch.cat([self.length, self.length.new_zeros(n)])
-        if self.K is not None:
-            pad = lambda z: torch.cat([z, z.new_zeros(z.shape[0], n, *z.shape[2:])], 1)  # noqa: E731
-            self.K, self.V = pad(self.K), pad(self.V)
-
-    def view(
-        self, rows: torch.Tensor, offset: torch.Tensor | None = None, *, full: bool = False
-    ) -> _LoopView:
-        """The rows ``rows`` of a pass, slot i of row b being slot ``i + offset[b]``."""
-        return _LoopView(self, rows, offset, full)
-
-    def fill_steps(
-        self, rows: torch.Tensor, t: torch.Tensor, loops: int, per_step: int, first: int
-    ) -> None:
-        """Rows ``rows`` (their position ``length``) whose token halted after step t: the slots of
-        steps t+1 … T get the keys/values of step t+1's slots (written by the keys/values-only
-        call)."""
-        if not len(rows) or self.K is None:
-            return
-        u = torch.arange(loops)
-        later = u[None, :] > t[:, None]  # (n, T): later steps (0-based slots of steps u + 1)
-        li, uu = later.nonzero(as_tuple=True)
-        if not len(li):
-            return
-        j = torch.arange(per_step)
-        dst = first + uu[:, None] * per_step + j  # (m, per_step)
-        src = first + t[li][:, None] * per_step + j
-        row = rows[li][:, None].expand_as(dst)
-        pos = self.length[rows][li][:, None].expand_as(dst)
-        dev = self.K.device
-        dst, src, row, pos = (z.to(dev) for z in (dst, src, row, pos))
-        for buf in (self.K, self.V):
-            buf[dst, row, :, pos] = buf[src, row, :, pos]
-
-
-class _LoopView(KVCache):
-    """One pass's rows of a :class:`LoopKVCache`: slot ``i`` of pass row b is the cache's slot
-    ``i + offset[b]``; new positions go after the row's own cached ones. ``full``: reads span the
-    whole capacity (a static shape; positions past a row's own are masked by attention)."""
-
-    row_subsets = False
-
-    def __init__(
-        self, cache: LoopKVCache, rows: torch.Tensor, offset: torch.Tensor | None, full: bool
-    ) -> None:
-        self.cache, self.rows, self.offset, self.full = cache, rows, offset, full
-        self.lengths: torch.Tensor | None = None  # given lengths (a compiled step's input)
-        self.K: torch.Tensor | None = None  # given buffers (a compiled step's inputs)
-        self.V: torch.Tensor | None = None
-        self.write_only = False  # a keys/values-only pass: nothing is read back
-
-    @property
-    def length(self) -> torch.Tensor:
-        return self.cache.length[self.rows] if self.lengths is None else self.lengths
-
-    def append(
-        self, index: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if rows is not None:
-            raise LoopLMError("a loop-level cache view serves whole passes only")
-        c = self.cache
-        B, nh, L, hs = k.shape
-        if c.K is None and self.K is None:
-            shape = (c.n_slots, c.n_rows, nh, c.capacity, hs)
-            c.K, c.V = k.new_zeros(shape), v.new_zeros(shape)
-        K, V = (c.K, c.V) if self.K is None else (self.K, self.V)
-        S, N = K.shape[:2]
-        dev = k.device
-        rows = self.rows.to(dev)
-        slot = torch.full_like(rows, index) if self.offset is None else self.offset.to(dev) + index
-        sr = slot * N + rows  # rows of the (slots × rows) flattened buffers
-        Kf, Vf = K.view(S * N, *K.shape[2:]), V.view(S * N, *V.shape[2:])
-        if L == 1:  # decoding: one position per row
-            pos = self.length.to(dev)
-            Kf[sr, :, pos] = k[:, :, 0]
-            Vf[sr, :, pos] = v[:, :, 0]
-        else:
-            pos = self.length.to(dev)[:, None] + torch.arange(L, device=dev)  # (B, L)
-            r = sr[:, None].expand(B, L)
-            Kf[r, :, pos] = k.transpose(1, 2)
-            Vf[r, :, pos] = v.transpose(1, 2)
-        if self.write_only:
-            return k, v
-        if not self.full:  # reads span the rows' longest (index_select: one copy of each row)
-            end = int(pos.max()) + 1
-            Kf, Vf = Kf[:, :, :end], Vf[:, :, :end]
-        return Kf.index_select(0, sr), Vf.index_select(0, sr)
 
 
 def _slots_per_step(model: nn.Module) -> tuple[int, int, int]:
@@ -201,23 +129,58 @@ def _slots_per_step(model: nn.Module) -> tuple[int, int, int]:
     return prelude, per_step, coda
 
 
+def _check_served(
+    model: nn.Module, loops: int, halting: Halting, prefill_halt: bool, prefill_chunk: int
+) -> None:
+    """What the loop-level batch does not serve: one-line errors."""
+    why = None
+    if prefill_halt and halting.enabled:
+        why = "prefill halting runs"
+    elif halting.rule == "kl" and step_readouts(model):
+        why = "halt=kl on a model with coda layers runs"
+    elif model.config.attention != "causal":
+        why = "a data-given attention mask runs"
+    if why:
+        raise LoopLMError(f"{why} on the token-level schedule (--schedule continuous)")
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+        raise LoopLMError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
+    _check_step_invariant(model, loops)
+
+
+def _decision(model: nn.Module, halting: Halting, device: torch.device):
+    """The halting decision of ``halting`` (None when tokens never halt)."""
+    if not halting.enabled:
+        return None
+    if halting.rule == "gate":
+        decide = GateHalt(model, halting.threshold)
+        decide.start(0, device)
+        return decide
+    return (KLHalt if halting.rule == "kl" else UpdateHalt)(halting.threshold)
+
+
 def _check_step_invariant(model: nn.Module, loops: int) -> None:
     """Rows at different loop steps share one core call only if the step map does not depend on
-    t: checked on a random state at every t < T (the recurrence's own step, no cache)."""
-    rec = model.recurrence
+    t: checked on a random state at every t < T (the model's unroll from step t, no cache)."""
     g = torch.Generator().manual_seed(0)
     dev = model.tok_emb.weight.device
-    ids = torch.randint(0, model.config.vocab_size, (1, 2), generator=g).to(dev)
-    ctx = model.prepare(ids)
-    s0 = rec.init_state(ctx)
+    ctx = model.prepare(torch.randint(0, model.config.vocab_size, (1, 2), generator=g).to(dev))
+    s0 = next(model.unroll(ctx, 1)).state
     s = s0 + 0.1 * torch.randn(s0.shape, generator=g).to(s0)
-    ref = rec.step(model.core_call(ctx), s, ctx, 0)
+    ref = _one_step(model, model.core_call(ctx), s, ctx)
     for t in range(1, loops):
-        if not torch.equal(rec.step(model.core_call(ctx), s, ctx, t), ref):
+        if not torch.equal(_one_step(model, model.core_call(ctx), s, ctx, t), ref):
             raise LoopLMError(
                 f"recurrence {model.config.recurrence!r} steps depend on the loop index; "
                 "loop-level batching needs a step map shared by every t (use --schedule continuous)"
             )
+
+
+def _one_step(model: nn.Module, core, s: torch.Tensor, ctx: LoopContext, t: int = 0):
+    """The state after one application of ``core`` to state ``s`` (the model's unroll from step
+    t, one step)."""
+    steps = model.unroll(ctx, t + 1, state=s, start=t, core=core)
+    next(steps)
+    return next(steps).state
 
 
 class _Prefill:
@@ -253,22 +216,7 @@ class LoopBatcher:
         static: bool = False,
         compile: bool | str = False,
     ) -> None:
-        if prefill_halt and halting.enabled:
-            raise LoopLMError(
-                "prefill halting runs on the token-level schedule (--schedule continuous)"
-            )
-        if halting.rule == "kl" and step_readouts(model):
-            raise LoopLMError(
-                "halt=kl on a model with coda layers runs on the token-level schedule "
-                "(--schedule continuous)"
-            )
-        if model.config.attention != "causal":
-            raise LoopLMError("loop-level batching serves causal attention only")
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int):
-            raise LoopLMError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
-        if prefill_chunk < 1:
-            raise LoopLMError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
-        _check_step_invariant(model, loops)
+        _check_served(model, loops, halting, prefill_halt, prefill_chunk)
         self.model, self.loops, self.halting, self.slots = model, loops, halting, slots
         self.slide, self.eot_id, self.on_token, self.bar = slide, eot_id, on_token, None
         self.prefill_chunk, self.static = prefill_chunk, static or compile
@@ -286,15 +234,7 @@ class LoopBatcher:
         self.prefills: list[_Prefill] = []
         self.lanes: list[_Row | None] = []
         self.lt: dict[str, torch.Tensor] = {}  # per-lane tensors (state, context, t, …)
-        self.decide = None
-        if halting.enabled:
-            if halting.rule == "gate":
-                self.decide = GateHalt(model, halting.threshold)
-                self.decide.start(0, self.device)
-            elif halting.rule == "kl":
-                self.decide = KLHalt(halting.threshold)
-            else:
-                self.decide = UpdateHalt(halting.threshold)
+        self.decide = _decision(model, halting, self.device)
         # core applications, rows they computed, iterations, and applications whose lanes were
         # at different loop steps
         self.steps = self.row_steps = self.iterations = self.mixed_steps = 0
@@ -426,8 +366,7 @@ class LoopBatcher:
         view = self.cache.view(crow, offset, full=self.static)
         view.lengths, view.K, view.V = length, K, V
         ctx = LoopContext(e=e, anchor=anchor, extra=dict(extra))
-        core = model.core_call(ctx, cache=view)
-        return model.recurrence.step(core, s, ctx, 0)
+        return _one_step(model, model.core_call(ctx, cache=view), s, ctx)
 
     def _context(self, idx=None) -> LoopContext:
         lt = self.lt
@@ -470,7 +409,7 @@ class LoopBatcher:
     def _hidden(self, s: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
         """h_t of lanes (n, d) (one position per lane)."""
         ctx = self._context(idx)
-        h = self.model.recurrence.to_hidden(s, ctx)
+        h = LoopStep(0, s, ctx, self.model.recurrence).hidden
         return h.reshape(h.shape[0], -1)
 
     def _decisions(self, ask: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -510,9 +449,9 @@ class LoopBatcher:
             view.write_only = True
             core = model.core_call(ectx, cache=view)
             kv = KeysValuesOnly(core, torch.zeros(len(e), 1, dtype=torch.bool, device=dev))
-            model.recurrence.step(kv, s[ed], ectx, 0)
+            _one_step(model, kv, s[ed], ectx)
             self.cache.fill_steps(crow[e], t[e], T, self.per_step, self.first_core)
-        h = model.recurrence.to_hidden(s, ctx)
+        h = LoopStep(0, s, ctx, model.recurrence).hidden
         view = self.cache.view(crow, None)
         h = model.finish(h, ctx, cache=view, first_slot=self.coda_slot)
         self.cache.length[crow] += 1
@@ -537,8 +476,6 @@ class LoopBatcher:
             row.out.tokens.append(tok)
             row.out.loops.append(depth)
             if r.logprobs is not None:
-                from looplm.batching import Batcher
-
                 Batcher._record_logprobs(row, logits[0], tok)
             if self.bar is not None:
                 self.bar.update(1)
@@ -565,11 +502,12 @@ class LoopBatcher:
         ids = torch.tensor([[row.tokens[-1]] for row, _ in items], device=dev)
         view = self.cache.view(crow, None)
         ctx = model.prepare(ids, cache=view, pos_offset=self.cache.length[crow].to(dev))
-        s = model.recurrence.init_state(ctx)
+        first = next(model.unroll(ctx, 1))  # the initial state (nothing computed yet)
+        s = first.state
         new = {"s": s, "e": ctx.e, "anchor": ctx.anchor}
         new.update({"x:" + k: v for k, v in ctx.extra.items()})
         if self.decide is not None and not isinstance(self.decide, GateHalt):
-            h = model.recurrence.to_hidden(s, ctx)
+            h = first.hidden
             if isinstance(self.decide, KLHalt):
                 r = model.finish(h, ctx).reshape(len(items), -1)
                 new["prev"] = log_probs(model.readout, r, torch.float32)

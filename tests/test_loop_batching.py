@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looplm.batching import Request, generate_many
+from looplm.batching import Request
 from looplm.config import load_config
 from looplm.errors import LoopLMError
 from looplm.generate import Halting, decode
-from looplm.loop_batching import LoopBatcher, buckets
+from looplm.loop_batching import LoopBatcher, buckets, generate_loop_level
 from looplm.model import model_from_config
 
 LAYOUTS = {
@@ -85,8 +85,8 @@ def test_each_sequence_equals_generating_it_alone(layout: str, halt: str, thr: f
     alone = [_alone(model, r, T, halt, thr) for r in requests]
     # 6 requests through 3 slots (sequences leave, the queued ones join), prompts of 1-29 tokens
     # prefilled in chunks of 5 beside the decoding rows, windows sliding past the context of 24
-    res = generate_many(
-        model, requests, slots=3, loops=T, halt=halt, threshold=thr, schedule="loop",
+    res = generate_loop_level(
+        model, requests, slots=3, loops=T, halt=halt, threshold=thr,
         prefill_chunk=5,
     )  # fmt: skip
     for (tokens, loops), c in zip(alone, res.completions):
@@ -187,3 +187,28 @@ def test_what_the_loop_schedule_does_not_serve_is_a_one_line_error() -> None:
         LoopBatcher(stepped, 3, Halting())
     with pytest.raises(LoopLMError, match="prefill_chunk=0"):
         LoopBatcher(model, 3, Halting(), prefill_chunk=0)
+
+
+def test_cli_generate_prompts_schedule_loop(tmp_path, capsys) -> None:
+    """`looplm generate --prompts --schedule loop` writes what the token-level schedule writes."""
+    import json
+
+    from looplm.checkpoint import save_checkpoint
+    from looplm.cli import main
+
+    cfg = load_config("tiny_wt2", ["model.dropout=0.0"])
+    torch.manual_seed(0)
+    ck = save_checkpoint(tmp_path / "ck", model_from_config(cfg.model).eval(), cfg)
+    lines = tmp_path / "p.txt"
+    lines.write_text("The cat\nA much longer prompt about looped models\nx\n")
+    argv = ["generate", str(ck), "--prompts", str(lines), "--max-new", "6", "--loops", "3"]
+    argv += ["--halt", "maxtoken", "--threshold", "0.05", "--slots", "2"]
+    out = {}
+    for schedule in ("continuous", "loop"):
+        assert main([*argv, "--schedule", schedule, "--prefill-chunk", "4"]) == 0
+        cap = capsys.readouterr()
+        out[schedule] = [json.loads(line) for line in cap.out.splitlines()]
+        assert f"{schedule} batching" in cap.err
+    assert out["loop"] == out["continuous"]
+    assert main([*argv, "--schedule", "loop", "--prefill-halt"]) == 2
+    assert "--prefill-halt runs on --schedule continuous" in capsys.readouterr().err
