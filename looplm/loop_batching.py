@@ -238,6 +238,7 @@ class LoopBatcher:
         # core applications, rows they computed, iterations, and applications whose lanes were
         # at different loop steps
         self.steps = self.row_steps = self.iterations = self.mixed_steps = 0
+        self.tokens_out = 0  # tokens sampled so far
         self.lane_counts: set[int] = set()  # the batch sizes the core step has run at
         self._step_fn = self._core_step
         if compile:
@@ -475,6 +476,7 @@ class LoopBatcher:
             row.tokens.append(tok)
             row.out.tokens.append(tok)
             row.out.loops.append(depth)
+            self.tokens_out += 1
             if r.logprobs is not None:
                 Batcher._record_logprobs(row, logits[0], tok)
             if self.bar is not None:

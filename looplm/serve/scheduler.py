@@ -192,12 +192,22 @@ class Scheduler:
                 batcher.join_queued()  # and the rest join as new rows
         self._drop_idle()
         for batcher in self._batchers.values():
-            if _loop(batcher):  # one loop step of every row (tokens come out as they halt)
-                batcher.iterate()
+            if _loop(batcher):  # loop steps of every row until a token comes out (as it halts)
+                self._iterate(batcher)
             else:
                 batcher.slide_full_windows()
                 batcher.decode()
         self._drop_idle()  # a loop-level batch whose last sequence ended in this iteration
+
+    def _iterate(self, batcher: LoopBatcher) -> None:
+        """Loop-level iterations until some sequence has a new token, an arrival or a
+        cancellation waits, or a loop's worth of iterations ran: the step's bookkeeping (and one
+        hand-over of events) is paid once per token boundary, as for a token-level batch."""
+        made = batcher.tokens_out
+        for _ in range(batcher.loops):
+            batcher.iterate()
+            if batcher.tokens_out > made or self._pending or self._cancel or not batcher.busy:
+                return
 
     def _drop_idle(self) -> None:
         idle = [d for d, b in self._batchers.items() if not (b.busy if _loop(b) else b.rows)]
