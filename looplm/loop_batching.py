@@ -48,6 +48,7 @@ every step), recurrences whose step depends on t, data-given attention masks.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 
 import torch
@@ -111,7 +112,18 @@ def buckets(slots: int) -> list[int]:
     return [*out, slots]
 
 
+# what the probes below found per model (loop depths whose step map was checked; slots per step)
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _slots_per_step(model: nn.Module) -> tuple[int, int, int]:
+    if model not in _SLOTS:
+        _SLOTS[model] = _count_slots(model)
+    return _SLOTS[model]
+
+
+def _count_slots(model: nn.Module) -> tuple[int, int, int]:
     """(prelude slots, slots per loop step, coda slots) of a cached pass, counted on a one-token
     pass at depths 1 and 2."""
     from looplm.generate import next_logits
@@ -144,7 +156,9 @@ def _check_served(
         raise LoopLMError(f"{why} on the token-level schedule (--schedule continuous)")
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
         raise LoopLMError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
-    _check_step_invariant(model, loops)
+    if loops not in _PROBED.setdefault(model, set()):  # a server starts batches often
+        _check_step_invariant(model, loops)
+        _PROBED[model].add(loops)
 
 
 def _decision(model: nn.Module, halting: Halting, device: torch.device):
