@@ -56,7 +56,14 @@ from torch import nn
 
 from looplm.batching import Batcher, BatchResult, Completion, Request, _Row, check_batch
 from looplm.errors import LoopLMError
-from looplm.generate import Halting, StaticKVCache, _sample, step_readouts
+from looplm.generate import (
+    Halting,
+    StaticKVCache,
+    _sample,
+    adaptive_next_logits,
+    next_logits,
+    step_readouts,
+)
 from looplm.loop_cache import LoopKVCache
 from looplm.model.halting import GateHalt, KeysValuesOnly, KLHalt, UpdateHalt
 from looplm.model.lm import LoopStep
@@ -126,8 +133,6 @@ def _slots_per_step(model: nn.Module) -> tuple[int, int, int]:
 def _count_slots(model: nn.Module) -> tuple[int, int, int]:
     """(prelude slots, slots per loop step, coda slots) of a cached pass, counted on a one-token
     pass at depths 1 and 2."""
-    from looplm.generate import next_logits
-
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.tok_emb.weight.device)
     n = []
     for T in (1, 2):
@@ -304,7 +309,11 @@ class LoopBatcher:
             self.prefills.append(_Prefill(row, self._new_row(), self.context))
         self.iterations += 1
         ready = self._prefill_step()
-        if any(r is not None for r in self.lanes):
+        live = [b for b, r in enumerate(self.lanes) if r is not None]
+        waiting = self.queue and len(self.rows) < self.slots  # an arrival could join now
+        if len(live) == 1 and not self.prefills and not ready and not waiting:
+            self._alone(live[0])  # nothing shares the step: the token's whole pass at once
+        elif live:
             self._decode_step()
         if ready:
             self._emit_and_enter([(p.row, p.crow, p.last, self.loops) for p in ready])
@@ -420,6 +429,29 @@ class LoopBatcher:
             leave |= self._decisions(ask, s)
         if bool(leave.any()):
             self._leave(leave.nonzero().squeeze(1))
+
+    def _alone(self, b: int) -> None:
+        """Lane ``b``, the only one running, at the start of its token: the token's whole cached
+        pass (:func:`looplm.generate.adaptive_next_logits`, what ``looplm generate`` runs) instead
+        of one iteration per loop step — the same keys/values and decisions, none of the
+        per-iteration bookkeeping."""
+        lt, row = self.lt, self.lanes[b]
+        if int(lt["t"][b]) != 0:  # mid-token (others were running): finish it step by step
+            return self._decode_step()
+        cr = int(lt["crow"][b])
+        ids = torch.tensor([[row.tokens[-1]]], device=self.device)
+        view = self.cache.view(torch.tensor([cr]), None)
+        # (the entered token's prelude slots are written again, with the same keys/values)
+        if self.halting.enabled:
+            logits, d = adaptive_next_logits(self.model, ids, self.loops, view, self.halting)
+            depth = int(d[0, -1])
+        else:
+            logits, depth = next_logits(self.model, ids, self.loops, view), self.loops
+        self.steps += depth
+        self.row_steps += depth
+        self.lanes[b] = None
+        lt["crow"][b] = lt["t"][b] = 0
+        self._emit_and_enter([(row, cr, logits, depth)])
 
     def _hidden(self, s: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
         """h_t of lanes (n, d) (one position per lane)."""

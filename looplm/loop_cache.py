@@ -86,7 +86,15 @@ class _LoopView(KVCache):
 
     @property
     def length(self) -> torch.Tensor:
-        return self.cache.length[self.rows] if self.lengths is None else self.lengths
+        """(B,) cached positions of the pass's rows (read once: a pass does not change them)."""
+        if self.lengths is None:
+            self.lengths = self.cache.length[self.rows]
+        return self.lengths
+
+    @length.setter
+    def length(self, value: torch.Tensor) -> None:  # a whole pass's positions appended
+        self.cache.length[self.rows] = value
+        self.lengths = None
 
     def append(
         self, index: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None
@@ -119,4 +127,7 @@ class _LoopView(KVCache):
         if not self.full:  # reads span the rows' longest (index_select: one copy of each row)
             end = int(pos.max()) + 1
             Kf, Vf = Kf[:, :, :end], Vf[:, :, :end]
+            if B == 1:  # one row: its buffer itself, no copy
+                i = int(sr[0])
+                return Kf[i : i + 1], Vf[i : i + 1]
         return Kf.index_select(0, sr), Vf.index_select(0, sr)
