@@ -258,6 +258,7 @@ class LoopBatcher:
         # at different loop steps
         self.steps = self.row_steps = self.iterations = self.mixed_steps = 0
         self.tokens_out = 0  # tokens sampled so far
+        self.alone_pass = True  # a lone sequence takes its token's whole pass at once
         self.lane_counts: set[int] = set()  # the batch sizes the core step has run at
         self._step_fn = self._core_step
         if compile:
@@ -311,7 +312,8 @@ class LoopBatcher:
         ready = self._prefill_step()
         live = [b for b, r in enumerate(self.lanes) if r is not None]
         waiting = self.queue and len(self.rows) < self.slots  # an arrival could join now
-        if len(live) == 1 and not self.prefills and not ready and not waiting:
+        alone = self.alone_pass and len(live) == 1
+        if alone and not self.prefills and not ready and not waiting:
             self._alone(live[0])  # nothing shares the step: the token's whole pass at once
         elif live:
             self._decode_step()
