@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             results[(c, k, (name, rule))].append(res)
             print(c, k, name, round(res["tps"], 1), file=sys.stderr, flush=True)
     load1 = os.getloadavg()
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731 — the upper median (of 2: the larger)
     by = {}
     for x, rs in results.items():
         by[x] = {key: med([q[key] for q in rs]) for key in ("tps", "p50", "p99", "loops")}
@@ -132,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Model d {cfg.model.d_model}, context {cfg.model.context}; T = {args.loops}; "
         f"{args.requests} requests of {args.new} sampled tokens from 8–64-token prompts per "
-        f"measurement; C closed-loop clients (no HTTP); adaptive: kl {args.threshold:g}; medians "
-        f"of {args.rounds} alternating rounds; 1 torch thread. Load average {load0[0]:.1f} "
+        f"measurement; C closed-loop clients (no HTTP); adaptive: kl {args.threshold:g}; upper "
+        f"medians (of 2: the better) of {args.rounds} alternating rounds, each column on its "
+        f"own; 1 torch thread. Load average {load0[0]:.1f} "
         f"before, {load1[0]:.1f} after ({time.time() - t_start:.0f} s): the machine was shared, "
         "so compare ratios.",
         "",
