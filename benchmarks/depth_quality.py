@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     from looplm.checkpoint import load_checkpoint
 
     torch.set_num_threads(args.threads)
-    model, cfg, _ = load_checkpoint(args.checkpoint)
+    model, cfg, meta = load_checkpoint(args.checkpoint)
+    steps = (meta.get("state") or {}).get("step", cfg.train.steps)
     model.eval()
     T = args.loops or cfg.train.depth_max
     win = text_windows(cfg, args.data_dir, args.windows, args.length, "cpu")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         machine_line(),
         "",
         f"Model d {cfg.model.d_model}, {cfg.model.recurrence}, {cfg.model.tokenizer} tokenizer, "
-        f"trained at T = {T} for {cfg.train.steps} steps. Held-out: {args.windows} WikiText-2 "
+        f"trained at T = {T} for {steps} steps. Held-out: {args.windows} WikiText-2 "
         f"test windows of {args.length} tokens, {args.prompt}-token prompt prefilled at full "
         f"depth, every later true token decoded through the cache ({time.time() - t0:.0f} s).",
         "",
