@@ -259,6 +259,7 @@ class LoopBatcher:
         self.steps = self.row_steps = self.iterations = self.mixed_steps = 0
         self.tokens_out = 0  # tokens sampled so far
         self.alone_pass = True  # a lone sequence takes its token's whole pass at once
+        self.alone_tokens = 0  # tokens made by whole-token passes
         self.lane_counts: set[int] = set()  # the batch sizes the core step has run at
         self._step_fn = self._core_step
         if compile:
@@ -451,6 +452,7 @@ class LoopBatcher:
             logits, depth = next_logits(self.model, ids, self.loops, view), self.loops
         self.steps += depth
         self.row_steps += depth
+        self.alone_tokens += 1
         self.lanes[b] = None
         lt["crow"][b] = lt["t"][b] = 0
         self._emit_and_enter([(row, cr, logits, depth)])

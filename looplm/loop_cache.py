@@ -96,6 +96,20 @@ class _LoopView(KVCache):
         self.cache.length[self.rows] = value
         self.lengths = None
 
+    def copy_new(self, src: int, dst: int, n: int) -> None:
+        """Slot ``dst`` of every pass row gets slot ``src``'s keys/values of the ``n`` positions
+        being added (a halted token's later steps: :class:`looplm.model.halting.KeysValuesOnly`)."""
+        K, V = (self.cache.K, self.cache.V) if self.K is None else (self.K, self.V)
+        S, N = K.shape[:2]
+        dev = K.device
+        rows = self.rows.to(dev)[:, None]
+        pos = self.length.to(dev)[:, None] + torch.arange(n, device=dev)  # (B, n)
+        off = 0 if self.offset is None else self.offset.to(dev)[:, None]
+        to, frm = ((dst + off) * N + rows).expand_as(pos), ((src + off) * N + rows).expand_as(pos)
+        for buf in (K, V):
+            flat = buf.view(S * N, *buf.shape[2:])
+            flat[to, :, pos] = flat[frm, :, pos]
+
     def append(
         self, index: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

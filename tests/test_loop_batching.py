@@ -212,3 +212,23 @@ def test_cli_generate_prompts_schedule_loop(tmp_path, capsys) -> None:
     assert out["loop"] == out["continuous"]
     assert main([*argv, "--schedule", "loop", "--prefill-halt"]) == 2
     assert "--prefill-halt runs on --schedule continuous" in capsys.readouterr().err
+
+
+def test_a_lone_sequence_takes_whole_token_passes_with_the_same_answer() -> None:
+    """Once a sequence runs alone, each token is one cached pass (halted tokens' later step
+    slots copied from the frozen state's keys/values); the answers stay those of decoding alone,
+    and equal those of the step-by-step path."""
+    model = _model()
+    reqs = [Request((1, 2, 3), 20), Request((4, 5), 3, temperature=1.0, seed=4)]
+    out = {}
+    for alone_pass in (True, False):
+        run = LoopBatcher(model, 4, Halting("kl", 0.02), slots=2)
+        run.alone_pass = alone_pass
+        run.queue.extend(enumerate(reqs))
+        while run.busy:
+            run.iterate()
+        assert (run.alone_tokens > 10) is alone_pass
+        out[alone_pass] = [(run.completions[k].tokens, run.completions[k].loops) for k in (0, 1)]
+    want = [_alone(model, r, 4, "kl", 0.02) for r in reqs]
+    assert out[True] == want == out[False]
+    assert min(want[0][1]) < 4  # tokens halted early, so later slots were filled by the rule
