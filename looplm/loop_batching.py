@@ -58,13 +58,12 @@ from looplm.batching import Batcher, BatchResult, Completion, Request, _Row, che
 from looplm.errors import LoopLMError
 from looplm.generate import (
     Halting,
-    StaticKVCache,
     _sample,
     adaptive_next_logits,
     next_logits,
     step_readouts,
 )
-from looplm.loop_cache import LoopKVCache
+from looplm.loop_cache import LoopKVCache, slot_layout
 from looplm.model.halting import GateHalt, KeysValuesOnly, KLHalt, UpdateHalt
 from looplm.model.lm import LoopStep
 from looplm.model.readout import log_probs
@@ -119,31 +118,7 @@ def buckets(slots: int) -> list[int]:
     return [*out, slots]
 
 
-# what the probes below found per model (loop depths whose step map was checked; slots per step)
-_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _slots_per_step(model: nn.Module) -> tuple[int, int, int]:
-    if model not in _SLOTS:
-        _SLOTS[model] = _count_slots(model)
-    return _SLOTS[model]
-
-
-def _count_slots(model: nn.Module) -> tuple[int, int, int]:
-    """(prelude slots, slots per loop step, coda slots) of a cached pass, counted on a one-token
-    pass at depths 1 and 2."""
-    ids = torch.zeros(1, 1, dtype=torch.long, device=model.tok_emb.weight.device)
-    n = []
-    for T in (1, 2):
-        cache = StaticKVCache(model.config.context)
-        next_logits(model, ids, T, cache)
-        n.append(len(cache.buffers))
-    per_step = n[1] - n[0]
-    prelude, coda = len(model.prelude), len(model.coda)
-    if n[0] != prelude + per_step + coda:
-        raise LoopLMError("this model's cached pass does not take slots per loop step")
-    return prelude, per_step, coda
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop depths checked per model
 
 
 def _check_served(
@@ -241,7 +216,7 @@ class LoopBatcher:
         self.prefill_chunk, self.static = prefill_chunk, static or compile
         self.context = model.config.context
         self.device = model.tok_emb.weight.device
-        self.prelude, self.per_step, coda = _slots_per_step(model)
+        self.prelude, self.per_step, coda = slot_layout(model)
         self.first_core = self.prelude
         self.coda_slot = self.prelude + loops * self.per_step
         # row 0: the scratch row of padding lanes; a static batch allocates every row up front

@@ -3,12 +3,37 @@ loop steps in one block call, each reading and writing the slot of its own step.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from torch import nn
 
 from looplm.errors import LoopLMError
+from looplm.generate import StaticKVCache, next_logits
 from looplm.model.kv import KVCache
 
-__all__ = ["LoopKVCache"]
+__all__ = ["LoopKVCache", "slot_layout"]
+
+_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # slot_layout per model
+
+
+def slot_layout(model: nn.Module) -> tuple[int, int, int]:
+    """(prelude slots, slots per loop step, coda slots) of a cached pass of ``model``, counted
+    once per model on a one-token pass at depths 1 and 2."""
+    if model in _SLOTS:
+        return _SLOTS[model]
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.tok_emb.weight.device)
+    n = []
+    for T in (1, 2):
+        cache = StaticKVCache(model.config.context)
+        next_logits(model, ids, T, cache)
+        n.append(len(cache.buffers))
+    per_step = n[1] - n[0]
+    prelude, coda = len(model.prelude), len(model.coda)
+    if n[0] != prelude + per_step + coda:
+        raise LoopLMError("this model's cached pass does not take slots per loop step")
+    _SLOTS[model] = prelude, per_step, coda
+    return _SLOTS[model]
 
 
 class LoopKVCache:
