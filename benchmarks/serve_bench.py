@@ -19,6 +19,9 @@ with per-token halting) when a trained checkpoint and the data are given.
 
     python benchmarks/serve_bench.py --checkpoint runs/tiny_wt2/ckpt --threshold 0.1
     python benchmarks/serve_bench.py --stand-in 22m --halt update --threshold 0.5   # speed only
+
+``--modes loop-level continuous --slots 64 --clients 1 8 32 64`` compares loop-level batching
+(``serve --schedule loop``) with token-level continuous batching instead (section ``…_loop``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def start_server(ckpt: str, slots: int, loops: int, threads: int) -> tuple[subprocess.Popen, str]:
+def start_server(
+    ckpt: str, slots: int, loops: int, threads: int, schedule: str = "continuous"
+) -> tuple[subprocess.Popen, str]:
     """A `looplm serve` subprocess on a free loopback port; (process, base URL)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [
@@ -61,6 +66,8 @@ def start_server(ckpt: str, slots: int, loops: int, threads: int) -> tuple[subpr
         str(loops),
         "--threads",
         str(threads),
+        "--schedule",
+        schedule,
         "--max-tokens-limit",
         "4096",
     ]
@@ -159,6 +166,14 @@ def quality(args, model, cfg, T: int) -> str:
         return f"not measured ({type(exc).__name__}: {exc})"
 
 
+# server label → (its --schedule, whether it runs one request at a time)
+MODES = {
+    "continuous": ("continuous", False),  # token-level continuous batching
+    "loop-level": ("loop", False),
+    "one at a time": ("continuous", True),
+}
+
+
 def load_model(args):
     import torch
 
@@ -194,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-halt", action="store_true", help="adaptive: prompts halt too")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each server")
     p.add_argument("--data-dir", default=os.environ.get("LOOPLM_DATA_DIR", "../shared/data"))
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=["continuous", "one at a time"],
+        choices=list(MODES),
+        help="servers to compare; the last is the baseline of the ratio column",
+    )
+    p.add_argument("--slots", type=int, default=32, help="slots of the batching servers")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     args.rule = "maxtoken" if args.halt == "update" else args.halt
@@ -202,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     ps = prompts(cfg, args.data_dir, 256)
     load0 = os.getloadavg()
     t_start = time.time()
-    servers = {
-        "continuous": start_server(ckpt, 32, T, args.threads),
-        "one at a time": start_server(ckpt, 1, T, args.threads),
-    }
+    servers = {}
+    for mode in args.modes:
+        schedule, one = MODES[mode]
+        servers[mode] = start_server(ckpt, 1 if one else args.slots, T, args.threads, schedule)
     adaptive = {"halt": args.halt, "threshold": args.threshold, "prefill_halt": args.prefill_halt}
     depths = {"fixed": {"halt": "none"}, args.halt: adaptive}
     configs = [(c, mode, d) for c in args.clients for mode in servers for d in depths]
@@ -245,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write:
         name = "serve_bench" + ("" if args.checkpoint else f"_{args.stand_in}")
+        if "loop-level" in args.modes:
+            name += "_loop"
         update_section(name, body)
     return 0
 
@@ -257,6 +282,7 @@ def render(args, cfg, T, rows, qual, load0, load1, seconds) -> str:
     )
     m = cfg.model
     by = {(r["clients"], r["mode"], r["depth"]): r for r in rows}
+    base = args.modes[-1]
     lines = [
         f"## Serving (`benchmarks/serve_bench.py`): {what}",
         "",
@@ -265,6 +291,7 @@ def render(args, cfg, T, rows, qual, load0, load1, seconds) -> str:
         f"Model d {m.d_model}, {m.tokenizer} tokenizer, context {m.context}; T = {T}; "
         f"{args.new} sampled tokens per request from 8–64-token prompts; closed-loop clients, "
         f"max(2, {args.requests} ÷ clients) requests per client; medians of {args.rounds} alternating rounds; "
+        f"servers: {', '.join(args.modes)} ({args.slots} slots; `continuous` is token-level batching); "
         f"each server {args.threads} torch thread(s). Load average {load0[0]:.1f} before, "
         f"{load1[0]:.1f} after ({seconds:.0f} s): the machine was shared, so compare ratios. "
         f"Adaptive: `halt={args.halt}, threshold={args.threshold:g}"
@@ -273,13 +300,13 @@ def render(args, cfg, T, rows, qual, load0, load1, seconds) -> str:
         f"quality at it: {qual}.",
         "",
         "| clients | batching | depth | loops/token | tokens/s | p50 s | p99 s | adaptive ÷ fixed |"
-        " continuous ÷ one at a time |",
+        f" ÷ {base} |",
         "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         other = "fixed" if r["depth"] != "fixed" else None
         ratio = f"{r['tps'] / by[(r['clients'], r['mode'], other)]['tps']:.2f}×" if other else ""
-        vs = "one at a time" if r["mode"] == "continuous" else None
+        vs = base if r["mode"] != base else None
         cont = f"{r['tps'] / by[(r['clients'], vs, r['depth'])]['tps']:.2f}×" if vs else ""
         lines.append(
             f"| {r['clients']} | {r['mode']} | {r['depth']} | {r['loops']:.2f} | {r['tps']:.1f} | "

@@ -454,7 +454,8 @@ def test_lm_eval_local_completions_scores_and_generates(tiny, server) -> None:
 
 
 # ============================================================================ load
-def test_32_concurrent_clients_each_get_their_own_answer(tiny) -> None:
+@pytest.mark.parametrize("schedule", ["continuous", "loop"])
+def test_32_concurrent_clients_each_get_their_own_answer(tiny, schedule: str) -> None:
     model, _, tok = tiny
     g = torch.Generator().manual_seed(5)
     jobs = []
@@ -473,6 +474,9 @@ def test_32_concurrent_clients_each_get_their_own_answer(tiny) -> None:
         if i % 4 == 1:
             body.update(halt="kl", threshold=KL)
             ref.update(halt="kl", thr=KL)
+        elif i % 8 == 2:  # a setting the loop-level batch does not serve: a token-level one does
+            body.update(halt="update", threshold=0.5, prefill_halt=True)
+            ref.update(halt="maxtoken", thr=0.5, prefill_halt=True)
         jobs.append((body, alone(model, tok, prompt, n, **ref)))
 
     def client(item):
@@ -490,7 +494,7 @@ def test_32_concurrent_clients_each_get_their_own_answer(tiny) -> None:
             "".join(c["text"] for c in ch),
         )
 
-    with serving(tiny, slots=8, max_queue=64) as (state, url):
+    with serving(tiny, slots=8, max_queue=64, schedule=schedule) as (state, url):
         t0 = time.monotonic()
         with ThreadPoolExecutor(32) as pool:
             results = list(pool.map(client, jobs))

@@ -146,26 +146,13 @@ def generate_many(
 ) -> BatchResult:
     """Generate every request's continuation with at most ``slots`` sequences per batch (see the
     module docstring). ``eot_id``: a sequence also ends after this token; ``prefill_halt``: prompt
-    tokens halt by the same rule as generated ones (:func:`looplm.decoding.decoder.decode`)."""
+    tokens halt by the same rule as generated ones (:func:`looplm.decoding.decoder.decode`). Loop-level
+    batching: :func:`looplm.decoding.loop_batching.generate_loop_level`."""
     from tqdm import tqdm
 
-    from looplm.model.lm import check_loops
-
-    check_loops(loops)
-    halting = Halting(halt, float(threshold))
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise LoopLMError(f"slots={slots!r} must be an integer >= 1")
+    halting = check_batch(model, requests, slots, loops, halt, threshold, slide)
     if schedule not in SCHEDULES:
         raise LoopLMError(f"schedule={schedule!r}; allowed: {', '.join(SCHEDULES)}")
-    if not getattr(model, "is_looped", False):
-        raise LoopLMError("batched generation needs a looped model (recurrence != unshared)")
-    context = model.config.context
-    if not 1 <= slide <= context:
-        raise LoopLMError(f"slide={slide} must be in [1, context={context}]")
-    vocab = model.config.vocab_size
-    for r in requests:
-        if min(r.ids) < 0 or max(r.ids) >= vocab:
-            raise LoopLMError(f"a prompt has token ids outside the vocabulary [0, {vocab})")
     model.eval()
     total = sum(r.max_new for r in requests)
     bar = tqdm(total=total, disable=not progress, unit="tok", leave=False)
@@ -190,6 +177,34 @@ def generate_many(
     seconds = time.perf_counter() - t0
     completions = [run.completions[i] for i in range(len(requests))]
     return BatchResult(completions, seconds, run.steps, run.row_steps, run.prompt_loops)
+
+
+def check_batch(
+    model: nn.Module,
+    requests: list[Request],
+    slots: int,
+    loops: int,
+    halt: str,
+    threshold: float,
+    slide: int,
+) -> Halting:
+    """The checks of a batched generation's settings (one-line errors); its halting rule."""
+    from looplm.model.lm import check_loops
+
+    check_loops(loops)
+    halting = Halting(halt, float(threshold))
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise LoopLMError(f"slots={slots!r} must be an integer >= 1")
+    if not getattr(model, "is_looped", False):
+        raise LoopLMError("batched generation needs a looped model (recurrence != unshared)")
+    context = model.config.context
+    if not 1 <= slide <= context:
+        raise LoopLMError(f"slide={slide} must be in [1, context={context}]")
+    vocab = model.config.vocab_size
+    for r in requests:
+        if min(r.ids) < 0 or max(r.ids) >= vocab:
+            raise LoopLMError(f"a prompt has token ids outside the vocabulary [0, {vocab})")
+    return halting
 
 
 class Batcher:

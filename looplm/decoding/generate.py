@@ -46,9 +46,11 @@ class GenerateSettings:
     prefill_halt: bool = False
     slide: int = setting(1, lo=1)  # tokens the window advances when the context is full
     slots: int = setting(8, lo=1, hi=65_536)  # --prompts: sequences decoded together (batch size)
-    # --prompts: refill a slot as soon as its sequence ends (continuous) or run fixed groups of
-    # --slots prompts to the end of their longest (static)
-    schedule: str = setting("continuous", choices=("continuous", "static"))
+    # --prompts: refill a slot as soon as its sequence ends (continuous), run fixed groups of
+    # --slots prompts to the end of their longest (static), or keep every sequence at its own
+    # loop step (loop: a halted token's next one starts in the next core application)
+    schedule: str = setting("continuous", choices=("continuous", "static", "loop"))
+    prefill_chunk: int = setting(32, lo=1)  # --schedule loop: prompt tokens per prefill chunk
     stop_at_eot: bool = False  # end a sequence at the end-of-text token
     out: str | None = None  # --prompts: write the JSON lines here instead of stdout
 
@@ -152,6 +154,7 @@ def generate_file(model: Any, tok: Any, path: str, s: GenerateSettings) -> str:
     """``--prompts FILE``: continuous (or static) batching over the file's prompts; the JSON
     lines go to ``s.out`` or stdout, the summary line is returned."""
     from looplm.decoding.batching import generate_many
+    from looplm.decoding.loop_batching import generate_loop_level
     from looplm.io import atomic_write_text
     from looplm.progress import progress_enabled
 
@@ -163,19 +166,21 @@ def generate_file(model: Any, tok: Any, path: str, s: GenerateSettings) -> str:
     }
     texts, requests = read_prompts(path, defaults, tok)
     cpu0 = time.process_time()
-    res = generate_many(
-        model,
-        requests,
+    kw = dict(
         slots=s.slots,
         loops=s.loops,
         halt=s.halt,
         threshold=s.threshold or 0.0,
         slide=s.slide,
         eot_id=tok.eot_id if s.stop_at_eot else None,
-        schedule=s.schedule,
         progress=progress_enabled(),
-        prefill_halt=s.prefill_halt,
     )
+    if s.schedule == "loop":
+        if s.prefill_halt:
+            raise LoopLMError("--prefill-halt runs on --schedule continuous or static")
+        res = generate_loop_level(model, requests, prefill_chunk=s.prefill_chunk, **kw)
+    else:
+        res = generate_many(model, requests, schedule=s.schedule, prefill_halt=s.prefill_halt, **kw)
     cpu = time.process_time() - cpu0
     lines = []
     for i, (text, c) in enumerate(zip(texts, res.completions)):

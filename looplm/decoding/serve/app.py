@@ -457,6 +457,8 @@ def load_state(settings: ServeSettings, model=None, tokenizer=None, cfg=None) ->
         slide=settings.slide,
         eot_id=tokenizer.eot_id,
         metrics=metrics,
+        schedule=settings.schedule,
+        prefill_chunk=settings.prefill_chunk,
     )
     return ServerState(settings, model, tokenizer, name, loops, scheduler, metrics)
 

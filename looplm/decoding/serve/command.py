@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     def ready(port: int) -> None:
         print(
             f"looplm serve: {state.model_name} at http://{url_host(s.host)}:{port}/v1 "
-            f"(slots {s.slots}, queue {s.max_queue}, loops {state.default_loops}, "
+            f"(slots {s.slots}, {s.schedule} batching, queue {s.max_queue}, "
+            f"loops {state.default_loops}, "
             f"halt {s.halt})",
             file=sys.stderr,
             flush=True,

@@ -6,7 +6,10 @@ boundary the thread (1) ends the sequences whose clients cancelled (a stop strin
 went away, a timeout), (2) samples one token for every running sequence and reports it, (3) admits
 waiting jobs while fewer than ``slots`` sequences run — each takes an ended sequence's row in
 place, or joins as a new row (the cache grows once per step) — and lets the other ended sequences
-leave, (4) runs one decoding pass. Sequences with different depth settings (``loops``, halting rule, threshold,
+leave, (4) runs one decoding pass. With ``schedule="loop"`` step (4) is one loop-level iteration
+(:mod:`looplm.decoding.loop_batching`: every row at its own loop step, a token reported as soon as it
+halts, arrivals prefilled in chunks beside the running rows) and (2)-(3) happen inside it; depth
+settings the loop-level batch does not serve fall back to a token-level one. Sequences with different depth settings (``loops``, halting rule, threshold,
 prefill halting) run in separate batches, one :class:`~looplm.decoding.batching.Batcher` per setting,
 stepped in turn; ``slots`` bounds them together, so memory is bounded by slots × context.
 
@@ -27,6 +30,10 @@ from torch import nn
 
 from looplm.decoding.batching import Batcher, Completion, Request
 from looplm.decoding.decoder import Halting
+from looplm.decoding.loop_batching import LoopBatcher
+from looplm.errors import LoopLMError
+
+SCHEDULES = ("continuous", "loop")
 
 log = logging.getLogger("looplm.decoding.serve")
 
@@ -70,14 +77,19 @@ class Scheduler:
         slide: int = 1,
         eot_id: int | None = None,
         metrics=None,
+        schedule: str = "continuous",
+        prefill_chunk: int = 32,
     ) -> None:
+        if schedule not in SCHEDULES:
+            raise LoopLMError(f"schedule={schedule!r}; allowed: {', '.join(SCHEDULES)}")
+        self.schedule, self.prefill_chunk = schedule, prefill_chunk
         self.model, self.slots, self.max_queue = model.eval(), slots, max_queue
         self.slide, self.eot_id, self.metrics = slide, eot_id, metrics
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
         self._cancel: set[int] = set()
         self._jobs: dict[int, Job] = {}  # running: key -> job
-        self._batchers: dict[Depth, Batcher] = {}
+        self._batchers: dict[Depth, Batcher | LoopBatcher] = {}
         self._stop = False
         self._thread: threading.Thread | None = None
         self._next_key = 0
@@ -164,7 +176,8 @@ class Scheduler:
             batcher = self._batchers[job.depth] if job is not None else None
             if batcher is not None and batcher.cancel(key):
                 self._finish(key, batcher.completions.get(key, Completion(finish="cancelled")))
-        for batcher in self._batchers.values():
+        token = [b for b in self._batchers.values() if isinstance(b, Batcher)]
+        for batcher in token:
             batcher.sample()
         while self.running < self.slots:  # arrivals wait in their batch's queue ...
             with self._cond:
@@ -174,13 +187,32 @@ class Scheduler:
                 self._jobs[job.key] = job
             self._admit(job)
         for batcher in self._batchers.values():
-            batcher.refill_or_drop()  # ... take ended rows' places, other ended rows leave,
-            batcher.join_queued()  # and the rest join as new rows
-        for depth in [d for d, b in self._batchers.items() if not b.rows]:
-            del self._batchers[depth]
+            if isinstance(batcher, Batcher):
+                batcher.refill_or_drop()  # ... take ended rows' places, other ended rows leave,
+                batcher.join_queued()  # and the rest join as new rows
+        self._drop_idle()
         for batcher in self._batchers.values():
-            batcher.slide_full_windows()
-            batcher.decode()
+            if _loop(batcher):  # loop steps of every row until a token comes out (as it halts)
+                self._iterate(batcher)
+            else:
+                batcher.slide_full_windows()
+                batcher.decode()
+        self._drop_idle()  # a loop-level batch whose last sequence ended in this iteration
+
+    def _iterate(self, batcher: LoopBatcher) -> None:
+        """Loop-level iterations until some sequence has a new token, an arrival or a
+        cancellation waits, or a loop's worth of iterations ran: the step's bookkeeping (and one
+        hand-over of events) is paid once per token boundary, as for a token-level batch."""
+        made = batcher.tokens_out
+        for _ in range(batcher.loops):
+            batcher.iterate()
+            if batcher.tokens_out > made or self._pending or self._cancel or not batcher.busy:
+                return
+
+    def _drop_idle(self) -> None:
+        idle = [d for d, b in self._batchers.items() if not (b.busy if _loop(b) else b.rows)]
+        for depth in idle:
+            del self._batchers[depth]
 
     def _admit(self, job: Job) -> None:
         if self.metrics is not None:
@@ -188,6 +220,8 @@ class Scheduler:
         if job.echo_logprobs is not None:
             self._emit(job, ("prompt_logprobs", self._prompt_logprobs(job)))
         batcher = self._batchers.get(job.depth)
+        if batcher is None and self.schedule == "loop":
+            batcher = self._loop_batcher(job.depth)
         if batcher is None:
             d = job.depth
             batcher = Batcher(
@@ -201,6 +235,28 @@ class Scheduler:
             )
             self._batchers[d] = batcher
         batcher.queue.append((job.key, job.request))
+
+    def _loop_batcher(self, d: Depth) -> LoopBatcher | None:
+        """A loop-level batch for depth setting ``d``, or None where it does not serve it
+        (prefill halting, halt=kl through coda layers, a step map that depends on t): those
+        sequences run in a token-level batch."""
+        try:
+            batcher = LoopBatcher(
+                self.model,
+                d.loops,
+                Halting(d.rule, d.threshold),
+                slots=self.slots,
+                slide=self.slide,
+                eot_id=self.eot_id,
+                prefill_halt=d.prefill_halt,
+                on_token=self._on_token,
+                prefill_chunk=self.prefill_chunk,
+            )
+        except LoopLMError as exc:
+            log.info("token-level batch for %s: %s", d, exc)
+            return None
+        self._batchers[d] = batcher
+        return batcher
 
     def _prompt_logprobs(self, job: Job) -> list[tuple[float, list[tuple[int, float]]]]:
         """(log p(x_i | x_<i), top alternatives) of prompt tokens 1 … L−1 at the full depth
@@ -241,6 +297,10 @@ class Scheduler:
         self._batchers.clear()
         for job in jobs:
             self._emit(job, ("error", message))
+
+
+def _loop(batcher) -> bool:
+    return isinstance(batcher, LoopBatcher)
 
 
 def call_each(events: list[tuple[Callable, tuple]]) -> None:

@@ -28,6 +28,11 @@ class ServeSettings:
     model_name: str = ""  # the model id in /v1/models and responses (default: the folder name)
     # sequences decoded together; memory is bounded by slots x context
     slots: int = setting(8, lo=1, hi=4096)
+    # continuous (token-level: one decoding pass per token boundary) | loop (loop-level: every
+    # sequence at its own loop step, see docs/serving.md)
+    schedule: str = setting("continuous", choices=("continuous", "loop"))
+    # --schedule loop: prompt tokens prefilled per chunk beside decoding
+    prefill_chunk: int = setting(32, lo=1, hi=1_000_000)
     # requests waiting for a slot; one more is answered 429 with Retry-After
     max_queue: int = setting(64, lo=0, hi=1_000_000)
     # default loop depth T of a request (0: the checkpoint's training depth)
