@@ -1,9 +1,15 @@
 """`looplm import SRC OUT`: a published looped checkpoint (Parcae, Huginn-0125, Ouro) written as
-a looplm checkpoint folder that every command reads."""
+a looplm checkpoint folder that every command reads (the options are
+:class:`~looplm.model.settings.ImportSettings`)."""
 
 from __future__ import annotations
 
 import argparse
+
+from looplm.model.settings import ImportSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = (ImportSettings,)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,18 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("src", help="published checkpoint folder, or a hub id owner/name")
     p.add_argument("out", help="looplm checkpoint folder to write")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16", "float16"],
-        help="convert the weights (default: keep the stored dtype)",
-    )
+    add_options(p, ImportSettings)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from looplm.model.families import import_pretrained
 
-    out = import_pretrained(args.src, args.out, dtype=args.dtype)
+    out = import_pretrained(args.src, args.out, dtype=from_args(ImportSettings, args).dtype)
     print(f"imported {args.src} -> {out}")
     return 0
