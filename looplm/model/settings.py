@@ -17,3 +17,20 @@ class ImportSettings:
 
     # convert the weights (default: keep the stored dtype)
     dtype: str | None = setting(None, choices=DTYPES)
+
+
+@dataclass
+class MethodsSettings:
+    """``looplm methods``: the preset the parameter counts are taken at, and the format."""
+
+    preset: str = "22m"  # preset for the parameter counts (22m)
+    json: bool = False  # print JSON instead of a table
+
+
+@dataclass
+class ParamsSettings:
+    """``looplm params [key=value …]``: which model is counted, and the format."""
+
+    preset: str = "22m"  # model preset (22m)
+    method: str = "scse"  # recurrence name (scse); see `looplm methods`
+    json: bool = False  # print JSON
