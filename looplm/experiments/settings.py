@@ -62,3 +62,32 @@ class ReferenceSettings:
     """``looplm settings``: where the configuration reference goes."""
 
     out: str | None = None  # write the reference here (atomically) instead of printing it
+
+
+@dataclass
+class PaperSettings:
+    """``looplm paper``: the catalogue of the paper's tables and figures."""
+
+    data_dir: str | None = None  # folder with local corpora (default: $LOOPLM_DATA_DIR)
+    json: bool = False  # catalogue as JSON
+
+
+@dataclass
+class PaperRunSettings:
+    """``looplm paper run ENTRY``: which protocol, and what part of its grid runs."""
+
+    full: bool = False  # the paper's protocol (default: CPU analogue)
+    dry_run: bool = False  # list the runs and exit
+    train: bool = True  # train missing runs (--no-train: evaluate existing checkpoints only)
+    report: bool = True  # write the sweep report at the end (--no-report skips it)
+
+
+@dataclass
+class PaperReportSettings:
+    """``looplm paper report [ENTRY …]``: which measured values, and where the page goes."""
+
+    full: bool = False  # measured values of the full protocol
+    out: str | None = None  # also write the Markdown to this file (diagnostics figures beside it)
+    # read each grid's rows from its committed export in this folder (<folder>/<grid>.jsonl,
+    # see `looplm results export`) instead of its run folder
+    data: str | None = None
