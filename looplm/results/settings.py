@@ -54,6 +54,14 @@ class ReportSettings:
 
 
 @dataclass
+class ReportOutput:
+    """``looplm report STORE``: where the report goes and what is printed."""
+
+    out: str | None = None  # output folder (default: <store folder>/report)
+    quiet: bool = False  # print only the paths written
+
+
+@dataclass
 class ResultsExportSettings:
     """``looplm results export STORE``: where the rows go."""
 
