@@ -20,16 +20,29 @@ from looplm.settings.options import add_options, from_args
 
 
 def _commands() -> dict[str, tuple[argparse.ArgumentParser, tuple[type, ...]]]:
-    """Each command made from settings (its module names them in ``SETTINGS``): its subparser
-    and its settings classes."""
+    """Each command made from settings (its module names them in ``SETTINGS``: a tuple, or for a
+    module with several commands or subcommands a mapping from each command's words): its
+    (sub)parser and its settings classes, keyed by the command's words (``data prepare``)."""
+    out = {}
+
+    def walk(p: argparse.ArgumentParser, words: list[str], func) -> None:
+        func = p._defaults.get("func", func)
+        module = importlib.import_module(func.__module__) if func else None
+        settings = getattr(module, "SETTINGS", ())
+        if isinstance(settings, dict):
+            settings = settings.get(" ".join(words), ())
+        elif len(words) > 1:  # a tuple names the classes of the module's one command
+            settings = ()
+        if settings:
+            out[" ".join(words)] = (p, tuple(settings))
+        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        for word, child in sub.choices.items() if sub else ():
+            walk(child, [*words, word], func)
+
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    out = {}
     for cmd, p in sub.choices.items():
-        func = p._defaults.get("func")
-        module = importlib.import_module(func.__module__) if func else None
-        if getattr(module, "SETTINGS", ()):
-            out[cmd] = (p, module.SETTINGS)
+        walk(p, [cmd], None)
     return out
 
 
@@ -37,6 +50,8 @@ def _minimal_argv(p: argparse.ArgumentParser) -> list[str]:
     """The positional inputs and required options of a command, with placeholder values."""
     argv: list[str] = []
     for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction) and not a.required:
+            continue  # an optional action word (``looplm paper`` without one)
         if not a.option_strings and a.dest != "help":
             argv += ["X"]
         elif a.required:

@@ -500,7 +500,7 @@ def test_lens_cli_bad_input_is_one_line(ckpt, tmp_path, capsys):
     capsys.readouterr()
     cases = [
         (["--loops", "0"], "--loops 0"),
-        (["--band", "2,7"], "band=(2, 7) lies outside the loop steps 0 … 3"),
+        (["--band-steps", "2,7"], "band=(2, 7) lies outside the loop steps 0 … 3"),
         (["--mode", "jacobi"], "mode='jacobi'"),
         (["--extrapolate", "2"], "extrapolated depth 2 must be deeper"),
         (["--lens", str(fit / "lens_T3")], "fitted on model"),
@@ -509,6 +509,10 @@ def test_lens_cli_bad_input_is_one_line(ckpt, tmp_path, capsys):
         assert main(base + extra) == 2, extra
         err = capsys.readouterr().err.strip()
         assert msg in err and "\n" not in err, (extra, err)
+    # the old name of --band-steps still works for one release, with a note naming the new one
+    assert main([*base, "--band", "2,7"]) == 2
+    note, error = capsys.readouterr().err.strip().split("\n")
+    assert note.startswith("note: --band is now --band-steps") and "band=(2, 7) lies" in error
 
 
 def test_token_ranks_per_step():

@@ -6,13 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from looplm.data.settings import InfoSettings, PrepareSettings
 from looplm.errors import LoopLMError
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = {"data prepare": (PrepareSettings,), "data info": (InfoSettings,)}
 
 
 def register(subparsers) -> None:
     """Add the ``data`` command with its ``prepare`` and ``info`` actions."""
     from looplm.data.corpora import CORPORA
-    from looplm.data.tokenizers import TOKENIZER_NAMES
 
     p = subparsers.add_parser(
         "data",
@@ -32,37 +35,12 @@ def register(subparsers) -> None:
         ),
     )
     pp.add_argument("name", metavar="NAME")
-    pp.add_argument("--source", default=None, help="local copy of the corpus (file or folder)")
-    pp.add_argument(
-        "--data-dir",
-        default=None,
-        help="a folder laid out like the shared data (data_dir/wikitext-2, ...) instead of --source",
-    )
-    pp.add_argument(
-        "--split",
-        nargs="+",
-        action="extend",
-        default=None,
-        metavar="S",
-        help="splits to prepare (default: every split the source has)",
-    )
-    pp.add_argument("--tokenizer", default="gpt2", choices=TOKENIZER_NAMES)
-    pp.add_argument("--tokenizer-path", default=None, help="folder with GPT-2 tokenizer files")
-    pp.add_argument(
-        "--out", default=None, help="cache folder (default $LOOPLM_CACHE_DIR or ~/.cache/looplm)"
-    )
-    pp.add_argument(
-        "--counts",
-        default=None,
-        metavar="TRAIN,VALID,TEST",
-        help="document counts of the openwebtext / c4 splits (default: the paper's)",
-    )
-    pp.add_argument("--force", action="store_true", help="rebuild even if a valid cache exists")
+    add_options(pp, PrepareSettings)
     pp.set_defaults(func=_prepare)
 
     pi = sub.add_parser("info", help="print the metadata of the token caches in a folder")
     pi.add_argument("dir", metavar="DIR")
-    pi.add_argument("--verify", action="store_true", help="also check each token file's sha256")
+    add_options(pi, InfoSettings)
     pi.set_defaults(func=_info)
 
 
@@ -76,38 +54,37 @@ def _prepare(args: argparse.Namespace) -> int:
     )
 
     check_corpus_name(args.name)
-    if args.source and args.data_dir:
-        raise LoopLMError("give either --source or --data-dir, not both")
-    out = Path(args.out).expanduser() if args.out else default_cache_dir()
+    s = from_args(PrepareSettings, args)  # --source with --data-dir: one line naming both
+    out = Path(s.out).expanduser() if s.out else default_cache_dir()
     from looplm.settings.limits import check_output_folder
 
     check_output_folder("--out", out)  # before tokenizing
-    if args.split:
-        splits = list(dict.fromkeys(canonical_split(s) for s in args.split))
-    elif args.data_dir:  # the splits whose files the data folder has
+    if s.split:
+        splits = list(dict.fromkeys(canonical_split(x) for x in s.split))
+    elif s.data_dir:  # the splits whose files the data folder has
         splits = [
-            s
-            for s in SPLITS
-            if s in available_splits(args.name, shared_source(args.data_dir, args.name, s))
+            x
+            for x in SPLITS
+            if x in available_splits(args.name, shared_source(s.data_dir, args.name, x))
         ]
     else:
-        splits = available_splits(args.name, args.source)
+        splits = available_splits(args.name, s.source)
     if not splits:
-        where = args.source or args.data_dir
+        where = s.source or s.data_dir
         raise LoopLMError(f"no split of {args.name} found in {where!r}; use --split to name one")
     for split in splits:
-        source = args.source
-        if args.data_dir:
-            source = shared_source(args.data_dir, args.name, split)
+        source = s.source
+        if s.data_dir:
+            source = shared_source(s.data_dir, args.name, split)
         cache = prepare(
             args.name,
             split,
-            args.tokenizer,
+            s.tokenizer,
             source,
             out,
-            counts=args.counts,
-            tokenizer_path=args.tokenizer_path,
-            force=args.force,
+            counts=s.counts,
+            tokenizer_path=s.tokenizer_path,
+            force=s.force,
         )
         meta = cache.meta
         how = "reused" if cache.reused else f"built in {meta.get('build_seconds', 0):.1f} s"
@@ -115,7 +92,7 @@ def _prepare(args: argparse.Namespace) -> int:
             f"{meta['corpus']} {meta['split']}: {meta['n_tokens']:,} tokens, "
             f"{meta['n_documents']:,} documents, {meta['tokenizer']} -> {cache.bin_path} ({how})"
         )
-    print(_which_models(args.tokenizer, out, default_cache_dir()))
+    print(_which_models(s.tokenizer, out, default_cache_dir()))
     return 0
 
 
@@ -136,7 +113,7 @@ def _which_models(tokenizer: str, out: Path, default: Path) -> str:
 def _info(args: argparse.Namespace) -> int:
     from looplm.data.cache import list_caches
 
-    caches = list_caches(args.dir, verify=args.verify)
+    caches = list_caches(args.dir, verify=from_args(InfoSettings, args).verify)
     if not caches:
         raise LoopLMError(
             f"no token caches in {args.dir!r} (prepare one with `looplm data prepare`)"

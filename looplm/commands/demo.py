@@ -1,10 +1,15 @@
-"""`looplm demo [--out DIR] [--quick] [--methods …]`: the main job on an embedded default."""
+"""`looplm demo [--out DIR] [--quick] [--methods …]`: the main job on an embedded default (the
+options are :class:`~looplm.experiments.settings.DemoSettings`)."""
 
 from __future__ import annotations
 
 import argparse
 
 from looplm.errors import LoopLMError
+from looplm.experiments.settings import DemoSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = (DemoSettings,)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,24 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "T in {1..48}, measure the forcing bias, and write report.md, results.json and "
         "depth_response.png.",
     )
-    p.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="short schedule: 150 training steps per method instead of 500",
-    )
-    p.add_argument(
-        "--methods",
-        default="scse,looped,tuned_adapter",
-        help="comma-separated recurrence names, or 'all' for every registered method",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--task",
-        default="bool_logic",
-        choices=["bool_logic", "graph_reach", "relational_text"],
-        help="synthetic task (default: nested boolean logic)",
-    )
+    add_options(p, DemoSettings)
     p.set_defaults(func=run)
 
 
@@ -40,10 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from looplm.experiments.demo import run_demo
     from looplm.model.recurrences import recurrence_names
 
-    names = recurrence_names()
-    methods = names if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
+    s, names = from_args(DemoSettings, args), recurrence_names()
+    methods = names if list(s.methods) == ["all"] else list(s.methods)
     for m in methods:
         if m not in names:
             raise LoopLMError(f"unknown method {m!r}; allowed: {', '.join(names)}, or all")
-    run_demo(args.out, quick=args.quick, methods=methods, seed=args.seed, task=args.task)
+    run_demo(s.out, quick=s.quick, methods=methods, seed=s.seed, task=s.task)
     return 0

@@ -1,12 +1,12 @@
 """`looplm import SRC OUT`: a published looped checkpoint (Parcae, Huginn-0125, Ouro, HRM-Text)
 written as a looplm checkpoint folder that every command reads (the options are
-:class:`~looplm.model.families.settings.ImportSettings`)."""
+:class:`~looplm.model.settings.ImportSettings`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from looplm.model.families.settings import ImportSettings
+from looplm.model.settings import ImportSettings
 from looplm.settings.options import add_options, from_args
 
 SETTINGS = (ImportSettings,)

@@ -1,4 +1,7 @@
-"""`looplm lm-eval ARGS`: lm-evaluation-harness's own command line with looplm checkpoints."""
+"""`looplm lm-eval ARGS`: lm-evaluation-harness's own command line with looplm checkpoints.
+
+The one command without a settings dataclass: it has no options of its own, every argument is
+lm-eval's and passes on unchanged (lm-eval's parser reads and checks them)."""
 
 from __future__ import annotations
 

@@ -12,16 +12,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from looplm.model.settings import MethodsSettings, ParamsSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = {"methods": (MethodsSettings,), "params": (ParamsSettings,)}
+
 
 def run_methods(args: argparse.Namespace) -> int:
     """Print the method table."""
     from looplm.model.catalog import method_rows, method_table
 
-    rows = method_rows(args.preset)
+    s = from_args(MethodsSettings, args)
+    rows = method_rows(s.preset)
     print(
-        json.dumps(rows, indent=2, ensure_ascii=False)
-        if args.json
-        else "\n".join(method_table(rows))
+        json.dumps(rows, indent=2, ensure_ascii=False) if s.json else "\n".join(method_table(rows))
     )
     return 0
 
@@ -31,12 +35,13 @@ def run_params(args: argparse.Namespace) -> int:
     from looplm.model.catalog import params_lines, params_report
     from looplm.settings import parse_key_values
 
+    s = from_args(ParamsSettings, args)
     settings = parse_key_values(args.settings, what="setting", example="lanes=2")
-    report = params_report(args.preset, args.method, settings)
+    report = params_report(s.preset, s.method, settings)
     stated = report.pop("stated", None)
     print(
         json.dumps(report, indent=2)
-        if args.json
+        if s.json
         else "\n".join(params_lines({**report, "stated": stated}))
     )
     return 0
@@ -51,8 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "equation implemented, the paper reference, body calls per step (c_body), whether the "
         "forcing bias is zero by construction, and the parameter count at a preset.",
     )
-    p.add_argument("--preset", default="22m", help="preset for the parameter counts (22m)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_options(p, MethodsSettings)
     p.set_defaults(func=run_methods)
 
     q = subparsers.add_parser(
@@ -62,8 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "part, next to the paper's figure where the paper prints one. Extra key=value arguments "
         "are model or recurrence settings, e.g. `looplm params --method hyper_scse lanes=2`.",
     )
-    q.add_argument("--preset", default="22m", help="model preset (22m)")
-    q.add_argument("--method", default="scse", help="recurrence name (scse); see `looplm methods`")
     q.add_argument("settings", nargs="*", help="key=value model or recurrence settings")
-    q.add_argument("--json", action="store_true", help="print JSON")
+    add_options(q, ParamsSettings)
     q.set_defaults(func=run_params)

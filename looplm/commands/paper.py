@@ -14,6 +14,15 @@ import argparse
 import json
 from pathlib import Path
 
+from looplm.experiments.settings import PaperReportSettings, PaperRunSettings, PaperSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = {
+    "paper": (PaperSettings,),
+    "paper run": (PaperRunSettings,),
+    "paper report": (PaperReportSettings,),
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -23,68 +32,56 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cost and status (no action), run one as a sweep (run), or write the side-by-side report "
         "(report).",
     )
-    p.add_argument("--data-dir", help="folder with local corpora (default: $LOOPLM_DATA_DIR)")
-    p.add_argument("--json", action="store_true", help="catalogue as JSON")
+    add_options(p, PaperSettings)
     ps = p.add_subparsers(dest="action")
     r = ps.add_parser("run", help="train and evaluate one entry's grid (looplm sweep)")
     r.add_argument("entry", help="table01 … table22, figure3 … figure5, convergence")
-    r.add_argument(
-        "--full", action="store_true", help="the paper's protocol (default: CPU analogue)"
-    )
-    r.add_argument("--dry-run", action="store_true", help="list the runs and exit")
-    r.add_argument("--no-train", action="store_true", help="evaluate existing checkpoints only")
-    r.add_argument("--no-report", action="store_true", help="skip the sweep report at the end")
+    add_options(r, PaperRunSettings)
     rep = ps.add_parser("report", help="paper values beside measured ones (Markdown)")
     rep.add_argument("entries", nargs="*", help="entries to include (default: all)")
-    rep.add_argument("--full", action="store_true", help="measured values of the full protocol")
-    rep.add_argument(
-        "--out", help="also write the Markdown to this file (diagnostics figures beside it)"
-    )
-    rep.add_argument(
-        "--data",
-        help="read each grid's rows from its committed export in this folder "
-        "(<folder>/<grid>.jsonl, see `looplm results export`) instead of its run folder",
-    )
+    add_options(rep, PaperReportSettings)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from looplm.experiments import paper
 
+    data_dir = from_args(PaperSettings, args).data_dir
     if args.action == "run":
         from looplm.experiments.runner import run_experiment
 
-        entry = paper.find_entry(args.entry)
-        entry.experiment(full=args.full, data_dir=args.data_dir)  # nothing to run: a clear error
+        s, entry = from_args(PaperRunSettings, args), paper.find_entry(args.entry)
+        entry.experiment(full=s.full, data_dir=data_dir)  # nothing to run: a clear error
         summary = run_experiment(
             entry.path,
-            data_dir=args.data_dir,
-            dry_run=args.dry_run,
-            report=not args.no_report,
-            train=not args.no_train,
-            full=args.full,
+            data_dir=data_dir,
+            dry_run=s.dry_run,
+            report=s.report,
+            train=s.train,
+            full=s.full,
         )
         print(json.dumps(summary, indent=2, default=str))
         return 128 + int(summary["interrupted"]) if "interrupted" in summary else 0
     if args.action == "report":
         from looplm.io import atomic_write_text
 
+        s = from_args(PaperReportSettings, args)
         entries = [paper.find_entry(e) for e in args.entries] if args.entries else None
-        figures = Path(args.out).with_suffix("") if args.out else None
+        figures = Path(s.out).with_suffix("") if s.out else None
         text = paper.paper_report(
             entries,
-            full=args.full,
-            data_dir=args.data_dir,
+            full=s.full,
+            data_dir=data_dir,
             figures_dir=figures,
-            link_base=Path(args.out).parent if args.out else None,
-            data=args.data,
+            link_base=Path(s.out).parent if s.out else None,
+            data=s.data,
         )
-        if args.out:
-            atomic_write_text(args.out, text)
+        if s.out:
+            atomic_write_text(s.out, text)
         print(text, end="")
         return 0
-    rows = paper.catalogue_rows(data_dir=args.data_dir)
-    if args.json:
+    rows = paper.catalogue_rows(data_dir=data_dir)
+    if from_args(PaperSettings, args).json:
         print(json.dumps(rows, indent=2, default=str))
     else:
         print(paper.format_catalogue(rows))

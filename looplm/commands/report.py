@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 
 from looplm.errors import LoopLMError
-from looplm.results.settings import DEFAULT_REFERENCE, ReportSettings
+from looplm.results.settings import DEFAULT_REFERENCE, ReportOutput, ReportSettings
 from looplm.settings.options import add_options, from_args
 
-SETTINGS = (ReportSettings,)
+SETTINGS = (ReportSettings, ReportOutput)
 
 
 def _parse_seeds(text: str) -> str | list[int]:
@@ -36,10 +36,11 @@ def run(args: argparse.Namespace) -> int:
     from looplm.results.report import key_tables, report_folder, write_report
 
     settings = from_args(ReportSettings, args, seeds=_parse_seeds(args.seeds))
-    out = report_folder(args.store, args.out)  # says when it replaces an earlier report
+    output = from_args(ReportOutput, args)
+    out = report_folder(args.store, output.out)  # says when it replaces an earlier report
     # a reference in neither the store nor the default is a typo, refused before any work
     result = write_report(args.store, out, settings, known_methods=[DEFAULT_REFERENCE])
-    if not args.quiet:
+    if not output.quiet:
         tables = key_tables(Path(result.report_md).read_text(encoding="utf-8"))
         if tables:
             print(tables + "\n")
@@ -61,7 +62,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tables, PNG figures and a results.json summary.",
     )
     p.add_argument("store", help="results store (.sqlite) or a JSON export of one")
-    p.add_argument("--out", default=None, help="output folder (default: <store folder>/report)")
-    add_options(p, ReportSettings)
-    p.add_argument("--quiet", action="store_true", help="print only the paths written")
+    for cls in SETTINGS:
+        add_options(p, cls)
     p.set_defaults(func=run)

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+from looplm.experiments.settings import ReferenceSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = (ReferenceSettings,)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -13,19 +18,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print the configuration reference (markdown) generated from the settings "
         "dataclasses; --out writes it to a file (docs/configuration.md).",
     )
-    p.add_argument("--out", help="write the reference here (atomically) instead of printing it")
+    add_options(p, ReferenceSettings)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from looplm.experiments.reference import configuration_markdown
 
+    out = from_args(ReferenceSettings, args).out
     text = configuration_markdown()
-    if args.out:
+    if out:
         from looplm.io import atomic_write_text
 
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}")
+        atomic_write_text(out, text)
+        print(f"wrote {out}")
     else:
         print(text, end="")
     return 0

@@ -6,6 +6,11 @@ import argparse
 import json
 import os
 
+from looplm.settings.options import add_options, from_args
+from looplm.training.settings import TrainSettings
+
+SETTINGS = (TrainSettings,)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from looplm.settings.config import config_names
@@ -21,13 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", help=f"YAML config path, or one of: {', '.join(config_names())}")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    p.add_argument("--resume", action="store_true", help="continue from <out_dir>/ckpt exactly")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh even if <out_dir> already holds a checkpoint (it is replaced)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_options(p, TrainSettings)
     p.set_defaults(func=run)
 
 
@@ -36,9 +35,10 @@ def run(args: argparse.Namespace) -> int:
     from looplm.training.loop import fit
     from looplm.training.run_folder import check_out_dir
 
+    s = from_args(TrainSettings, args)  # --resume with --overwrite: one line naming both
     cfg = load_run_config(args.config, args.overrides)
-    check_out_dir(cfg, resume=args.resume, overwrite=args.overwrite)
-    last = fit(cfg, resume=args.resume, progress=False if args.no_progress else None)
+    check_out_dir(cfg, resume=s.resume, overwrite=s.overwrite)
+    last = fit(cfg, resume=s.resume, progress=None if s.progress else False)
     if last.get("stopped") == "signal":  # the shell's convention for a run ended by a signal
         return 128 + int(last["signal"])
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports

@@ -45,8 +45,8 @@ def check_for_model(settings: LensSettings, model: torch.nn.Module) -> None:
                 f"extrapolated depth {T} must be deeper than the fitted T={settings.loops}"
             )
     S.check_k(settings.k, model.config.d_model)
-    if settings.band is not None:
-        I.check_band(settings.band, settings.loops)
+    if settings.band_steps is not None:
+        I.check_band(settings.band_steps, settings.loops)
 
 
 def _say(msg: str, enabled: bool) -> None:
@@ -273,12 +273,13 @@ def _structure(model, lenses: dict, fit_batches, opts: LensSettings, pad_id, tim
 
 def _interventions(model, lens, eval_batches, opts: LensSettings, pad_id, timings) -> dict:
     """The dose-responses of ``opts.interventions`` along J-lens and logit-lens directions over
-    ``opts.band``, else the original study's workspace band (38–92 % of the depth), fixed before
+    ``opts.band_steps``, else the original study's workspace band (38–92 % of the depth), fixed before
     looking at the data (the J-beats-logit band is reported, not used)."""
     t0 = time.perf_counter()
     T = opts.loops
-    band = opts.band if opts.band is not None else I.band_from_fractions(*REFERENCE_BAND, T)
-    band_source = "option" if opts.band is not None else "reference 38-92% of T"
+    steps = opts.band_steps
+    band = steps if steps is not None else I.band_from_fractions(*REFERENCE_BAND, T)
+    band_source = "option" if steps is not None else "reference 38-92% of T"
     out: dict[str, Any] = {"band": list(band), "band_source": band_source}
     arms = (("jacobian", lens), ("logit", L.logit_lens(model, T)))
     for kind in opts.interventions:

@@ -48,8 +48,8 @@ class LensSettings(LensFit):
     probes: int = setting(16, lo=1, cap=4096)  # Hutchinson probes per prompt
     skip_positions: int = setting(0, lo=0)  # leave the first positions out as sources
     # intervention band FIRST,LAST of loop steps (default: 38–92% of T, the original study's
-    # workspace band)
-    band: tuple[int, int] | None = setting(None, lo=0)
+    # workspace band); a grid's lens band is fractions of T, so this one is named in steps
+    band_steps: tuple[int, int] | None = setting(None, lo=0, renamed=("band",))
     # dose-responses to run: swap, steer, project ('' for none)
     interventions: tuple[str, ...] = setting(("swap",), choices=INTERVENTIONS)
     strengths: tuple[float, ...] = setting((0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0), lo=0)  # doses

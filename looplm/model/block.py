@@ -61,10 +61,7 @@ from looplm.errors import LoopLMError
 # the cache lives in looplm.model.kv; re-imported here so ``looplm.model.block.KVCache`` stays
 from looplm.model.kv import KVCache as KVCache
 from looplm.model.kv import KVSlot, _column, positions
-
-ROPE_LAYOUTS = ("half", "interleaved")
-NORM_PLACEMENTS = ("pre", "sandwich", "sandwich_sum")
-MLP_KINDS = ("swiglu", "relu2")
+from looplm.settings.config import MLPS, NORM_PLACEMENTS, ROPE_LAYOUTS
 
 
 def rope(
@@ -346,10 +343,10 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         self.reference_rounding = reference_rounding
-        if norm_placement not in NORM_PLACEMENTS or mlp not in MLP_KINDS:
+        if norm_placement not in NORM_PLACEMENTS or mlp not in MLPS:
             raise LoopLMError(
                 f"norm_placement={norm_placement!r}, mlp={mlp!r}; allowed: "
-                f"{', '.join(NORM_PLACEMENTS)} and {', '.join(MLP_KINDS)}"
+                f"{', '.join(NORM_PLACEMENTS)} and {', '.join(MLPS)}"
             )
         if rope_layout not in ROPE_LAYOUTS:
             raise LoopLMError(f"rope_layout={rope_layout!r}; allowed: {', '.join(ROPE_LAYOUTS)}")

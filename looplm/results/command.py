@@ -11,6 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from looplm.results.settings import ResultsExportSettings, ResultsImportSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = {"results export": (ResultsExportSettings,), "results import": (ResultsImportSettings,)}
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``results`` command."""
@@ -25,10 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ps.required = True
     ex = ps.add_parser("export", help="a store's rows as a .jsonl (or .jsonl.gz) file")
     ex.add_argument("store", help="the results store (.sqlite)")
-    ex.add_argument("--out", required=True, help="the export file (.jsonl or .jsonl.gz)")
+    add_options(ex, ResultsExportSettings)
     im = ps.add_parser("import", help="an export's rows into a store")
     im.add_argument("export", help="the export file (.jsonl or .jsonl.gz)")
-    im.add_argument("--store", required=True, help="the results store to write (.sqlite)")
+    add_options(im, ResultsImportSettings)
     p.set_defaults(func=run)
 
 
@@ -36,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from looplm.results.export import export_store, import_export
 
     if args.action == "export":
-        print(json.dumps(export_store(args.store, args.out)))
+        out = from_args(ResultsExportSettings, args).out
+        print(json.dumps(export_store(args.store, out)))
         return 0
-    n = import_export(args.export, args.store)
-    print(json.dumps({"rows": n, "store": args.store}))
+    store = from_args(ResultsImportSettings, args).store
+    n = import_export(args.export, store)
+    print(json.dumps({"rows": n, "store": store}))
     return 0

@@ -51,3 +51,25 @@ class ReportSettings:
     def depth_max(self) -> int:
         """``train_depth_max``, or 8 when it is not given."""
         return self.train_depth_max or DEFAULT_TRAIN_DEPTH_MAX
+
+
+@dataclass
+class ReportOutput:
+    """``looplm report STORE``: where the report goes and what is printed."""
+
+    out: str | None = None  # output folder (default: <store folder>/report)
+    quiet: bool = False  # print only the paths written
+
+
+@dataclass
+class ResultsExportSettings:
+    """``looplm results export STORE``: where the rows go."""
+
+    out: str  # the export file (.jsonl or .jsonl.gz)
+
+
+@dataclass
+class ResultsImportSettings:
+    """``looplm results import EXPORT``: where the rows go."""
+
+    store: str  # the results store to write (.sqlite)

@@ -327,6 +327,7 @@ def setting(
     raises_ceiling: bool = False,
     parse: Callable[[str, str], Any] | None = None,
     renamed: tuple[str, ...] = (),
+    spaced: bool = False,
 ) -> Any:
     """A settings field with what the command line and the checks need to know about it.
 
@@ -342,10 +343,13 @@ def setting(
     (:func:`looplm.settings.limits.check_ceiling`: 256, raised by a field of the same settings marked
     ``raises_ceiling`` — ``--max-loops`` — or ``LOOPLM_MAX_LOOPS``; lifted by ``--allow-large``
     like a cap). ``renamed``: the setting's old names (``max_new``), still accepted for one release
-    with a one-line note. The field's comment is its help, as everywhere else."""
+    with a one-line note. ``spaced``: a sequence option that also takes its items as separate
+    words (``--split valid test`` as well as ``--split valid,test``), for an option that always
+    did. The field's comment is its help, as everywhere else."""
     meta = {"lo": lo, "hi": hi, "cap": cap, "choices": choices, "flags": flags,
             "positional": positional, "cli": cli, "what": what, "loops": loops,
-            "raises_ceiling": raises_ceiling, "parse": parse, "renamed": renamed}  # fmt: skip
+            "raises_ceiling": raises_ceiling, "parse": parse, "renamed": renamed,
+            "spaced": spaced}  # fmt: skip
     if isinstance(default, (list, dict, set)):
         value = copy.deepcopy(default)
         return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)

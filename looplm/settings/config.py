@@ -15,7 +15,14 @@ from typing import Any
 import yaml
 
 from looplm.errors import LoopLMError, yaml_problem
-from looplm.settings import build_settings, load_yaml, merge, parse_key_values
+from looplm.settings import (
+    build_settings,
+    check_fields,
+    load_yaml,
+    merge,
+    parse_key_values,
+    setting,
+)
 
 GPT2_VOCAB = 50257
 BYTE_VOCAB = 257  # 256 byte values + end-of-text (id 256)
@@ -39,6 +46,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 INIT_SCHEMES = ("normal", "depth_scaled")
 POSITIONS = ("learned", "rope", "none")
 ATTENTIONS = ("causal", "adjacency")
+NORM_PLACEMENTS = ("pre", "sandwich", "sandwich_sum")
+MLPS = ("swiglu", "relu2")
+ROPE_LAYOUTS = ("half", "interleaved")
 # Synthetic tasks with one answer per graph node, whose rows carry the graph that
 # ``attention=adjacency`` reads (looplm.data.synthetic generates them).
 NODE_TASKS = ("graph_nodes",)
@@ -56,43 +66,51 @@ class ModelConfig:
     preset: str = "tiny"  # width preset, applied before the other model keys (listed above)
     recurrence: str = "scse"  # the method: a registered recurrence, or unshared
     recurrence_args: dict[str, Any] = field(default_factory=dict)  # the method's own settings
-    vocab_size: int = GPT2_VOCAB  # vocabulary size (GPT-2: 50257, bytes: 257)
+    vocab_size: int = setting(GPT2_VOCAB, lo=1)  # vocabulary size (GPT-2: 50257, bytes: 257)
     tokenizer: str = "gpt2"  # gpt2 | bytes | path of a tokenizer.json (imported checkpoints)
-    d_model: int = 384  # width
-    n_heads: int = 6  # attention heads (must divide d_model)
-    d_ff: int = 1536  # SwiGLU hidden width
-    context: int = 128  # context window in tokens
+    d_model: int = setting(384, lo=1)  # width
+    n_heads: int = setting(6, lo=1)  # attention heads (must divide d_model)
+    d_ff: int = setting(1536, lo=1)  # SwiGLU hidden width
+    context: int = setting(128, lo=1)  # context window in tokens
     dropout: float = 0.1  # dropout in training
-    n_layers: int = 8  # unshared models only: number of distinct layers
+    n_layers: int = setting(8, lo=1)  # unshared models only: number of distinct layers
     norm_eps: float = 1e-6  # RMSNorm ε (the paper is silent; 1e-6 is the toolkit's choice)
     # Initialisation (the paper is silent on all of it). ``normal``: every projection N(0, init_std)
     # and both embeddings N(0, emb_std). ``depth_scaled``: as normal, but the block's two residual
     # output projections (attention out, SwiGLU down) are N(0, init_std / sqrt(2·init_depth)) —
     # GPT-2's residual scaling with the unrolled loop depth as the layer count.
-    init: str = "normal"  # normal | depth_scaled (residual outputs scaled by 1/√(2·init_depth))
+    init: str = setting("normal", choices=INIT_SCHEMES)  # the initialisation scheme above
     init_std: float = 0.02  # std of the projections at initialisation
     emb_std: float = 0.02  # std of the token and position embeddings at initialisation
-    init_depth: int = 8  # depth_scaled: the loop depth counted as layers
+    init_depth: int = setting(8, lo=1)  # depth_scaled: the loop depth counted as layers
     # Structural biases ("Thinking Deeper, Not Longer"): ``positions`` learned (absolute, the paper's) | rope
     # (rotary, relative) | none; ``attention`` causal | adjacency (a token attends only where the
     # input's graph allows — see looplm.model.masks.adjacency_mask; not causal).
-    positions: str = "learned"  # learned (absolute) | rope (rotary, relative) | none
+    positions: str = setting(
+        "learned", choices=POSITIONS
+    )  # learned (absolute) | rope (rotary, relative) | none
     rope_base: float = 10000.0  # base of the rotary frequencies (positions=rope)
-    attention: str = "causal"  # causal | adjacency (graph in-neighbours, node tasks only)
+    attention: str = setting(
+        "causal", choices=ATTENTIONS
+    )  # causal | adjacency (graph in-neighbours, node tasks only)
     # Prelude–core–coda layout (Huginn/Ouro-style): non-looped layers applied once before the loop
     # (prelude) and after it (coda), and a looped core of ``core_layers`` layers that together form
     # the shared update G. Today's models are 0/1/0.
-    prelude_layers: int = 0  # non-looped layers before the loop
-    core_layers: int = 1  # layers of the looped core (together the shared update G)
-    coda_layers: int = 0  # non-looped layers after the loop
+    prelude_layers: int = setting(0, lo=0)  # non-looped layers before the loop
+    core_layers: int = setting(1, lo=1)  # layers of the looped core (together the shared update G)
+    coda_layers: int = setting(0, lo=0)  # non-looped layers after the loop
     # Block and readout options, for checkpoints trained elsewhere (looplm.model.families); the
     # defaults are looplm's own block (see looplm.model.block for the equations).
     n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
-    norm_placement: str = "pre"  # pre | sandwich (sublayer outputs normed) | sandwich_sum (sums)
+    norm_placement: str = setting(
+        "pre", choices=NORM_PLACEMENTS
+    )  # pre | sandwich (sublayer outputs normed) | sandwich_sum (sums)
     qk_norm: bool = False  # RMS-normalise queries and keys per head (no gain), after rotation
     qk_bias: bool = False  # learned bias on the query and key projections
-    mlp: str = "swiglu"  # swiglu | relu2 (W_down(½·relu(W_up x)²))
-    rope_layout: str = "half"  # half (rotate-half) | interleaved (pairs 2i, 2i+1)
+    mlp: str = setting("swiglu", choices=MLPS)  # swiglu | relu2 (W_down(½·relu(W_up x)²))
+    rope_layout: str = setting(
+        "half", choices=ROPE_LAYOUTS
+    )  # half (rotate-half) | interleaved (pairs 2i, 2i+1)
     value_embed_layers: list[int] = field(default_factory=list)  # layers (prelude, core, coda
     # order) whose values add a gated per-token value embedding
     reference_rounding: bool = False  # operation order of reference implementations (layer
@@ -112,7 +130,7 @@ class ModelConfig:
         return self.recurrence != UNSHARED
 
     def validate(self) -> None:
-        _positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "context", "n_layers")
+        check_fields(self, "model.")  # ranges and choices (an instance built in Python too)
         if self.d_model % self.n_heads:
             raise LoopLMError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
@@ -124,38 +142,17 @@ class ModelConfig:
             raise LoopLMError(
                 f"model.tokenizer={tok!r}; allowed: gpt2, bytes, or the path of a tokenizer.json"
             )
-        for key, allowed in (("positions", POSITIONS), ("attention", ATTENTIONS)):
-            if getattr(self, key) not in allowed:
-                raise LoopLMError(
-                    f"model.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
-                )
-        _positive(self, "core_layers")
-        for key in ("prelude_layers", "coda_layers"):
-            if isinstance(getattr(self, key), bool) or getattr(self, key) < 0:
-                raise LoopLMError(f"model.{key}={getattr(self, key)!r} must be an integer >= 0")
         if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
             raise LoopLMError(
                 f"model.positions=rope needs an even head size, got d_model/n_heads = "
                 f"{self.d_model // self.n_heads}"
             )
         self._validate_block_options()
-        if self.init not in INIT_SCHEMES:
-            raise LoopLMError(f"model.init={self.init!r}; allowed: {', '.join(INIT_SCHEMES)}")
-        _positive(self, "init_depth")
         for key in ("init_std", "emb_std", "norm_eps"):
             if not getattr(self, key) > 0:
                 raise LoopLMError(f"model.{key}={getattr(self, key)} must be > 0")
 
     def _validate_block_options(self) -> None:
-        for key, allowed in (
-            ("norm_placement", ("pre", "sandwich", "sandwich_sum")),
-            ("mlp", ("swiglu", "relu2")),
-            ("rope_layout", ("half", "interleaved")),
-        ):
-            if getattr(self, key) not in allowed:
-                raise LoopLMError(
-                    f"model.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
-                )
         kv = self.n_kv_heads
         if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0 or (kv and self.n_heads % kv):
             raise LoopLMError(
@@ -213,32 +210,40 @@ class DataConfig:
 class TrainConfig:
     """Optimisation settings (paper defaults for the 22M recipe)."""
 
-    steps: int = 1200  # optimizer steps
-    batch_size: int = 32  # rows per step (per process, per accumulation step)
-    grad_accum: int = 1  # gradient accumulation steps per optimizer step
+    steps: int = setting(1200, lo=1)  # optimizer steps
+    batch_size: int = setting(32, lo=1)  # rows per step (per process, per accumulation step)
+    grad_accum: int = setting(1, lo=1)  # gradient accumulation steps per optimizer step
     lr: float = 3e-4  # peak learning rate (AdamW)
-    min_lr_ratio: float = 0.1  # the cosine schedule's floor, as a fraction of lr
-    warmup: int = 500  # linear warmup steps
+    min_lr_ratio: float = setting(
+        0.1, lo=0, hi=1
+    )  # the cosine schedule's floor, as a fraction of lr
+    warmup: int = setting(500, lo=0)  # linear warmup steps
     weight_decay: float = 0.1  # AdamW weight decay on matrices (norms and gains are not decayed)
     beta1: float = 0.9  # AdamW β1
     beta2: float = 0.95  # AdamW β2
     clip: float = 1.0  # gradient-norm clipping limit
-    depth_min: int = 1  # smallest loop depth T drawn per step (uniformly)
-    depth_max: int = 8  # largest loop depth T drawn per step
+    depth_min: int = setting(1, lo=1)  # smallest loop depth T drawn per step (uniformly)
+    depth_max: int = setting(8, lo=1)  # largest loop depth T drawn per step
     seed: int = 0  # seed of the parameters, the data stream and the depth draws
-    device: str = "auto"  # auto | cpu | cuda
-    autocast: str = "auto"  # auto (bf16 on GPU) | bf16 | off
+    device: str = setting("auto", choices=("auto", "cpu", "cuda"))  # auto | cpu | cuda
+    autocast: str = setting(
+        "auto", choices=("auto", "bf16", "off")
+    )  # auto (bf16 on GPU) | bf16 | off
     compile: bool = False  # torch.compile each block (one graph for every T)
-    objective: str = "final"  # final (silent thinking) | per_step (intermediate supervision)
-    truncate_k: int = 0  # >0: backprop only through the last k loops
+    objective: str = setting(
+        "final", choices=("final", "per_step")
+    )  # final (silent thinking) | per_step (intermediate supervision)
+    truncate_k: int = setting(0, lo=0)  # >0: backprop only through the last k loops
     checkpoint_loops: bool = False  # activation checkpointing per loop step
-    log_every: int = 10  # steps between metrics.jsonl lines
+    log_every: int = setting(10, lo=1)  # steps between metrics.jsonl lines
     eval_every: int = 0  # 0: only at the end
     eval_batches: int = 8  # batches of each evaluation during training
     ckpt_every: int = 0  # 0: only at the end
-    nonfinite: str = "skip"  # skip | stop
+    nonfinite: str = setting("skip", choices=("skip", "stop"))  # skip | stop
     tensorboard: bool = False  # also log to TensorBoard (<out_dir>/tb)
-    parallel: str = "ddp"  # under torchrun (WORLD_SIZE > 1): ddp | fsdp (FSDP2 fully_shard)
+    parallel: str = setting(
+        "ddp", choices=("ddp", "fsdp")
+    )  # under torchrun (WORLD_SIZE > 1): ddp | fsdp (FSDP2 fully_shard)
     peak_tflops: float = 790.0  # MFU denominator per GPU (H200 dense bf16, measured); 0: no MFU
     max_wall_s: float = 0.0  # >0: stop (checkpoint written) after this many seconds of training
     # A family's training recipe: its depth schedule and objective (looplm.training.recipes). "" = the
@@ -251,36 +256,21 @@ class TrainConfig:
     gate_gamma: float = 0.005  # ouro_gate: threshold γ of the loss improvement I
 
     def validate(self) -> None:
-        _positive(self, "steps", "batch_size", "grad_accum", "depth_min", "depth_max", "log_every")
+        check_fields(self, "train.")  # ranges and choices (an instance built in Python too)
         if self.depth_max < self.depth_min:
             raise LoopLMError(
                 f"train.depth_max={self.depth_max} < train.depth_min={self.depth_min}"
             )
         if self.lr <= 0:
             raise LoopLMError(f"train.lr={self.lr} must be > 0")
-        for key, allowed in (
-            ("device", ("auto", "cpu", "cuda")),
-            ("autocast", ("auto", "bf16", "off")),
-            ("objective", ("final", "per_step")),
-            ("nonfinite", ("skip", "stop")),
-            ("parallel", ("ddp", "fsdp")),
-        ):
-            if getattr(self, key) not in allowed:
-                raise LoopLMError(
-                    f"train.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
-                )
         for key in ("peak_tflops", "max_wall_s"):
             if getattr(self, key) < 0:
                 raise LoopLMError(f"train.{key}={getattr(self, key)} must be >= 0")
-        if self.truncate_k < 0 or self.warmup < 0:
-            raise LoopLMError("train.truncate_k and train.warmup must be >= 0")
         for key in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise LoopLMError(f"train.{key}={getattr(self, key)} must be in [0, 1)")
         if self.clip <= 0:
             raise LoopLMError(f"train.clip={self.clip} must be > 0 (the gradient-norm limit)")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise LoopLMError(f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         for key in (
             "weight_decay",
             "ckpt_every",
@@ -334,9 +324,9 @@ class EvalConfig:
 
     # loop depths of the evaluation after training
     depths: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 24, 32, 48])
-    batch_size: int = 32  # evaluation batch size
+    batch_size: int = setting(32, lo=1)  # evaluation batch size
     max_tokens: int | None = None  # cap on evaluated tokens (None: whole split)
-    n_examples: int = 512  # synthetic tasks: examples per difficulty
+    n_examples: int = setting(512, lo=1)  # synthetic tasks: examples per difficulty
 
     def validate(self) -> None:
         if not self.depths:
@@ -344,7 +334,7 @@ class EvalConfig:
         bad = [d for d in self.depths if int(d) < 1]
         if bad:
             raise LoopLMError(f"eval.depths={self.depths}: loop depth must be >= 1 (got {bad[0]})")
-        _positive(self, "batch_size", "n_examples")
+        check_fields(self, "eval.")
 
 
 @dataclass
@@ -397,14 +387,6 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _positive(obj: Any, *names: str) -> None:
-    section = type(obj).__name__.replace("Config", "").lower()
-    for n in names:
-        v = getattr(obj, n)
-        if not isinstance(v, int) or v < 1:
-            raise LoopLMError(f"{section}.{n}={v!r} must be a positive integer")
 
 
 def model_config(preset: str, recurrence: str = "scse", **overrides: Any) -> ModelConfig:

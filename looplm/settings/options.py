@@ -122,6 +122,8 @@ def add_options(p: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] 
         kw["default"] = None if required else default
         if _sequence_of(typ) is not None:
             kw["metavar"] = "A,B,..."
+            if meta.get("spaced"):  # the items as separate words too: --split valid test
+                kw.update(nargs="+", action="extend", metavar=f.name.upper())
         elif meta.get("choices") is not None:
             kw["metavar"] = "{" + ",".join(str(c) for c in meta["choices"]) + "}"
         else:
@@ -172,6 +174,8 @@ def from_args(cls: type, args: argparse.Namespace, **fixed: Any) -> Any:
             continue
         value = getattr(args, f.name)
         read = (f.metadata or {}).get("parse")
+        if (f.metadata or {}).get("spaced") and isinstance(value, list):
+            value = ",".join(value)  # words and comma-separated items read alike
         if isinstance(value, str):
             value = (
                 read(value, flag(f.name))

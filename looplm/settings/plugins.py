@@ -126,7 +126,11 @@ def command_modules() -> list[str]:
 
 
 def command_settings() -> list[tuple[str, list[type]]]:
-    """(title, settings classes) of every command whose options are made from settings."""
+    """(title, settings classes) of every command whose options are made from settings.
+
+    A module with one command names its classes in ``SETTINGS = (XSettings, …)``; a module with
+    several commands or subcommands maps each command's words to its classes
+    (``SETTINGS = {"data prepare": (PrepareSettings,), …}``)."""
     import importlib
 
     from looplm.settings.plugins import command_modules
@@ -134,7 +138,11 @@ def command_settings() -> list[tuple[str, list[type]]]:
     out = []
     for name in command_modules():
         module = importlib.import_module(name)
-        classes = list(getattr(module, "SETTINGS", ()))
+        settings = getattr(module, "SETTINGS", ())
+        if isinstance(settings, dict):
+            out += [(f"looplm {words}", list(classes)) for words, classes in settings.items()]
+            continue
+        classes = list(settings)
         if classes:
             command = (module.__doc__ or "").split("`")[1].split()[:2]
             out.append((" ".join(command) if command and command[0] == "looplm" else name, classes))

@@ -11,6 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from looplm.experiments.settings import FindingsSettings
+from looplm.settings.options import add_options, from_args
+
+SETTINGS = (FindingsSettings,)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``findings`` command."""
@@ -22,16 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "its committed export — and print the generated Markdown block the pages quote.",
     )
     p.add_argument("grids", nargs="*", help="grid names or config paths (default: all)")
-    p.add_argument(
-        "--data",
-        help="read each grid's rows from its export in this folder (<folder>/<grid>.jsonl, "
-        "see `looplm results export`) instead of its results store",
-    )
-    p.add_argument(
-        "--write",
-        metavar="PAGE",
-        help="replace the page's '<!-- generated: findings GRID -->' blocks in place",
-    )
+    add_options(p, FindingsSettings)
     p.set_defaults(func=run)
 
 
@@ -41,19 +37,20 @@ def run(args: argparse.Namespace) -> int:
     from looplm.experiments.findings.claims import BLOCK
     from looplm.io import atomic_write_text
 
+    s = from_args(FindingsSettings, args)
     names = args.grids or list(findings_grids())
     blocks = {}
     for name in names:
-        found = grid_findings(name, data=args.data)
-        saved = found.save_fits() if args.data else None
+        found = grid_findings(name, data=s.data)
+        saved = found.save_fits() if s.data else None
         if saved:
             print(f"{saved}: the φ fits, for the next run from the same rows", file=sys.stderr)
         blocks[found.grid] = found.block()
         print(blocks[found.grid], end="\n\n", flush=True)
-    if args.write:
-        page = Path(args.write)
+    if s.write:
+        page = Path(s.write)
         if not page.is_file():
-            raise LoopLMError(f"--write {args.write!r}: no such page")
+            raise LoopLMError(f"--write {s.write!r}: no such page")
         text = page.read_text(encoding="utf-8")
         present = {m.group(1) for m in BLOCK.finditer(text)}
         for grid in sorted(set(blocks) - present):

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from looplm.errors import LoopLMError
 from looplm.model.recurrences.anchors import AnchorInit
 from looplm.model.recurrences.base import LoopContext, Recurrence, register
+from looplm.settings import setting
 
 
 def sinusoidal_step_embedding(
@@ -193,16 +193,10 @@ STEP_EMBEDDINGS = ("table", "sinusoidal")
 @dataclass
 class StepFiLMConfig(AdapterConfig):
     film_scale: float = 1.0  # ρ, the modulation scale
-    step_embedding: str = "table"  # table (learned rows, clamped) | sinusoidal (γ_t → learned map)
-    n_steps: int = 8  # rows of the learned table: trained steps t = 0 … 7 for depths 1 … 8
-
-    def validate(self) -> None:
-        if self.step_embedding not in STEP_EMBEDDINGS:
-            raise LoopLMError(
-                f"step_embedding={self.step_embedding!r}; allowed: {', '.join(STEP_EMBEDDINGS)}"
-            )
-        if self.n_steps < 1:
-            raise LoopLMError(f"n_steps={self.n_steps} must be >= 1")
+    # table (learned rows, clamped) | sinusoidal (γ_t → learned map)
+    step_embedding: str = setting("table", choices=STEP_EMBEDDINGS)
+    # rows of the learned table: trained steps t = 0 … 7 for depths 1 … 8
+    n_steps: int = setting(8, lo=1)
 
 
 @register

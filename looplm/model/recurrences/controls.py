@@ -30,6 +30,7 @@ from looplm.model.recurrences.adapters import sinusoidal_step_embedding
 from looplm.model.recurrences.anchors import AnchorInit
 from looplm.model.recurrences.base import LoopContext, Recurrence, register
 from looplm.model.recurrences.scse import zero_deviation_mask
+from looplm.settings import setting
 
 # ------------------------------------------------------------------ source-conditioned family
 
@@ -37,7 +38,7 @@ from looplm.model.recurrences.scse import zero_deviation_mask
 @dataclass
 class SourceConditionedConfig:
     step_scale: float = 0.5  # s
-    eps: float = 1e-8  # ε of the zero-deviation mask
+    eps: float = setting(1e-8, lo=0)  # ε of the zero-deviation mask
     kappa_init: float = 0.15  # learned scalar gain κ on cond_proj(anchor)
     leak: float = 0.0  # λ_leak (Listing 1 line 13)
     anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
@@ -47,8 +48,6 @@ class SourceConditionedConfig:
     def validate(self) -> None:
         if not 0.0 <= self.leak < 1.0:
             raise LoopLMError(f"leak={self.leak} must be in [0, 1)")
-        if self.eps < 0:
-            raise LoopLMError(f"eps={self.eps} must be >= 0")
 
 
 class SourceConditioned(Recurrence):
@@ -177,14 +176,11 @@ class SCSELeak(SourceConditioned):
 class ForcingSubtractionConfig:
     step_scale: float = 0.35  # s (the tuned adapters' value; the paper tunes non-SCSE controls)
     alpha_init: float = 0.15  # learned scalar source gain α
-    step_tau: float = 0.0  # τ of the optional step term τ_t = τ P_step γ_t (0: no step term)
+    # τ of the optional step term τ_t = τ P_step γ_t (0: no step term)
+    step_tau: float = setting(0.0, lo=0)
     anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
     # scale of init_delta_proj in H0(e) = e + scale·init_delta_proj(e)
     init_delta_scale: float = 0.1
-
-    def validate(self) -> None:
-        if self.step_tau < 0:
-            raise LoopLMError(f"step_tau={self.step_tau} must be >= 0")
 
 
 @register
@@ -262,13 +258,9 @@ class ForcingSubtraction(Recurrence):
 
 @dataclass
 class NormResetConfig:
-    period: int = 4  # k: normalise h_k, h_2k, …
+    period: int = setting(4, lo=1)  # k: normalise h_k, h_2k, …
     injection_gain: float = 1.0  # g of the looped baseline's additive injection
     norm_eps: float = 1e-6  # ε of the reset's RMS normalisation
-
-    def validate(self) -> None:
-        if isinstance(self.period, bool) or not isinstance(self.period, int) or self.period < 1:
-            raise LoopLMError(f"period={self.period!r} must be an integer >= 1")
 
 
 @register

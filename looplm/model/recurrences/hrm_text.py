@@ -26,17 +26,15 @@ from torch import nn
 
 from looplm.errors import LoopLMError
 from looplm.model.recurrences.base import LoopContext, Recurrence, advance, register
+from looplm.settings import setting
 
 
 @dataclass
 class HrmTextConfig:
-    inner_steps: int = 3  # n: low-level applications per high-level cycle (L_cycles)
+    inner_steps: int = setting(3, lo=1)  # n: low-level applications per high-level cycle (L_cycles)
     norm_eps: float = 1e-6  # ε of the stack-closing norm N
 
     def validate(self) -> None:
-        n = self.inner_steps
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise LoopLMError(f"inner_steps={n!r} must be an integer >= 1")
         if not self.norm_eps > 0:
             raise LoopLMError(f"norm_eps={self.norm_eps} must be > 0")
 

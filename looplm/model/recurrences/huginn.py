@@ -18,21 +18,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from looplm.errors import LoopLMError
 from looplm.model.recurrences.base import LoopContext, Recurrence, advance, register
 from looplm.model.recurrences.parcae import STATE_INITS, initial_state
+from looplm.settings import setting
 
 
 @dataclass
 class HuginnConfig:
-    state_init: str = "zero"  # zero | random (the reference's truncated-normal draw)
-    init_std: float = 0.0  # σ of the random initial state
-
-    def validate(self) -> None:
-        if self.state_init not in STATE_INITS:
-            raise LoopLMError(f"state_init={self.state_init!r}; allowed: {', '.join(STATE_INITS)}")
-        if self.init_std < 0:
-            raise LoopLMError(f"init_std={self.init_std} must be >= 0")
+    # zero | random (the reference's truncated-normal draw)
+    state_init: str = setting("zero", choices=STATE_INITS)
+    init_std: float = setting(0.0, lo=0)  # σ of the random initial state
 
 
 @register

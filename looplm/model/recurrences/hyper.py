@@ -29,14 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from looplm.errors import LoopLMError
 from looplm.model.recurrences.anchors import ANCHOR_MODES, AnchorInit
 from looplm.model.recurrences.base import LoopContext, Recurrence, register
-
-
-def _check_lanes(lanes: int) -> None:
-    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-        raise LoopLMError(f"lanes={lanes!r} must be an integer >= 1")
+from looplm.settings import setting
 
 
 class HyperBase(Recurrence):
@@ -77,11 +72,8 @@ class HyperBase(Recurrence):
 
 @dataclass
 class HyperLoopedConfig:
-    lanes: int = 4  # n
+    lanes: int = setting(4, lo=1)  # n
     injection_gain: float = 1.0  # g
-
-    def validate(self) -> None:
-        _check_lanes(self.lanes)
 
 
 @register
@@ -119,18 +111,14 @@ class HyperLooped(HyperBase):
 
 @dataclass
 class HyperSCSEConfig:
-    lanes: int = 4  # n
+    lanes: int = setting(4, lo=1)  # n
     step_scale: float = 0.5  # s
     eps: float = 1e-8  # ε of the zero-deviation mask
-    anchor: str = "learned"  # learned | embedding | init | frozen_random (Table 2 ablations)
+    # learned | embedding | init | frozen_random (Table 2 ablations)
+    anchor: str = setting("learned", choices=ANCHOR_MODES)
     anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
     # scale of init_delta_proj in H0(e) = e + scale·init_delta_proj(e)
     init_delta_scale: float = 0.1
-
-    def validate(self) -> None:
-        _check_lanes(self.lanes)
-        if self.anchor not in ANCHOR_MODES:
-            raise LoopLMError(f"unknown anchor {self.anchor!r}; allowed: {', '.join(ANCHOR_MODES)}")
 
 
 @register

@@ -24,6 +24,7 @@ from torch import nn
 
 from looplm.errors import LoopLMError
 from looplm.model.recurrences.base import LoopContext, Recurrence, advance, register
+from looplm.settings import setting
 
 STATE_INITS = ("zero", "random")
 
@@ -40,14 +41,13 @@ def initial_state(e: torch.Tensor, how: str, std: float) -> torch.Tensor:
 class ParcaeConfig:
     prelude_norm: bool = False  # normalise the prelude output once before the loop (N_p)
     norm_eps: float = 1e-5  # ε of N_p
-    state_init: str = "zero"  # zero | random (the reference's truncated-normal draw)
-    init_std: float = 0.0  # σ of the random initial state
+    # zero | random (the reference's truncated-normal draw)
+    state_init: str = setting("zero", choices=STATE_INITS)
+    init_std: float = setting(0.0, lo=0)  # σ of the random initial state
 
     def validate(self) -> None:
-        if self.state_init not in STATE_INITS:
-            raise LoopLMError(f"state_init={self.state_init!r}; allowed: {', '.join(STATE_INITS)}")
-        if self.init_std < 0 or self.norm_eps <= 0:
-            raise LoopLMError(f"init_std={self.init_std} must be >= 0 and norm_eps > 0")
+        if self.norm_eps <= 0:
+            raise LoopLMError(f"norm_eps={self.norm_eps} must be > 0")
 
 
 @register

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from looplm.errors import LoopLMError
 from looplm.model.recurrences.anchors import ANCHOR_MODES, AnchorInit
 from looplm.model.recurrences.base import LoopContext, Recurrence, register
+from looplm.settings import setting
 
 
 def zero_deviation_mask(delta: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,18 +33,13 @@ def zero_deviation_mask(delta: torch.Tensor, eps: float) -> torch.Tensor:
 @dataclass
 class SCSEConfig:
     step_scale: float = 0.5  # s
-    eps: float = 1e-8  # ε of the zero-deviation mask
-    anchor: str = "learned"  # learned | embedding | init | frozen_random (Table 2 ablations)
+    eps: float = setting(1e-8, lo=0)  # ε of the zero-deviation mask
+    # learned | embedding | init | frozen_random (Table 2 ablations)
+    anchor: str = setting("learned", choices=ANCHOR_MODES)
     anchor_scale: float = 0.1  # scale of anchor_proj in h* = e + scale·anchor_proj(e) (Listing 1)
     # scale of init_delta_proj in H0(e) = e + scale·init_delta_proj(e)
     init_delta_scale: float = 0.1
     proj_init: str = "normal"  # normal | identity: where anchor_proj / init_delta_proj start
-
-    def validate(self) -> None:
-        if self.anchor not in ANCHOR_MODES:
-            raise LoopLMError(f"unknown anchor {self.anchor!r}; allowed: {', '.join(ANCHOR_MODES)}")
-        if self.eps < 0:
-            raise LoopLMError(f"eps={self.eps} must be >= 0")
 
 
 @register
