@@ -16,9 +16,9 @@ every rank without communication, since batches are pure functions of the step),
 rows, 1 process × 2b rows and b rows × 2 accumulation steps give the same gradient.
 
 Distributed runs (``torchrun``; DDP or FSDP2 by ``train.parallel``) are wrapped in
-:mod:`looplm.distributed`; this module only calls its helpers. ``train.compile`` compiles each
-Transformer block in place (regional compilation): one compiled graph serves every loop step and
-every sampled T, where compiling the whole unrolled model would recompile for each T.
+:mod:`looplm.distributed`; this module only calls its helpers. ``train.compile`` compiles the
+whole training loss (forward, loss and, through AOT autograd, backward) as one graph per loop depth
+T (:class:`CompiledLoss`); distributed runs compile each Transformer block in place instead.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from looplm.io import atomic_write_text
 from looplm.limits import cap_steps
 from looplm.model import model_from_config
 from looplm.model.block import Block
+from looplm.model.lm import check_token_ids
 from looplm.progress import progress_enabled
 from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
 from looplm.targets import IGNORE_INDEX
@@ -152,6 +153,52 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class CompiledLoss:
+    """``train.compile`` in a single process: the training loss — embedding, prelude, the whole
+    unroll of T steps, coda, readout and cross-entropy — as one ``torch.compile(fullgraph=True)``
+    graph per loop depth T, whose backward AOT autograd compiles with it (``loss.backward()``
+    runs the compiled backward graph).
+
+    Why the whole step and not the blocks: on a CPU (22m, T = 8, batch 2 × 128, measured
+    alternately in ``benchmarks/compiled_step.py``) compiling only the blocks gained nothing,
+    since the recurrence update, norms, Eq. 4's mask, the readout and the loss still ran eager,
+    one kernel each; one graph over the unroll lets the compiler fuse those elementwise passes
+    into the blocks' and the loss's. A graph per T, not one symbolic in T, because the unroll is
+    a Python loop (every step's kernels are laid out in the graph): each T in the training depth
+    range is compiled once, the first time it is drawn, and reused (``dynamic=False``; the
+    compiler's cache keeps one entry per T, so its entry limit is raised to the range's size).
+
+    The graph holds no host sync: token ids are checked on the host batch before it moves to the
+    device, Eq. 4's per-example mask is an in-graph comparison, and the loss reads every row with
+    unscored targets weighted 0 (so no shape depends on data).
+    """
+
+    def __init__(self, model: torch.nn.Module, n_depths: int, backend: str = "inductor") -> None:
+        import torch._dynamo
+
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, n_depths + 8)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * n_depths + 64)
+        self.model = model
+        self.depths: set[int] = set()
+        self.fn = torch.compile(self._loss, fullgraph=True, dynamic=False, backend=backend)
+
+    def _loss(self, x, y, loops, objective, truncate_k, checkpoint_loops):
+        return self.model.loss(
+            x,
+            y,
+            loops,
+            objective=objective,
+            truncate_k=truncate_k,
+            checkpoint_loops=checkpoint_loops,
+            reduction="sum",
+        )
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *, loops: int, **kw) -> torch.Tensor:
+        self.depths.add(loops)
+        return self.fn(x, y, loops, kw["objective"], kw["truncate_k"], kw["checkpoint_loops"])
+
+
 def compile_blocks(model: torch.nn.Module) -> int:
     """``torch.compile`` every Transformer block of ``model`` in place; returns how many."""
     n = 0
@@ -200,6 +247,7 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
     raw_model: torch.nn.Module | None = None
     wrapped: torch.nn.Module | None = None
+    compiled: CompiledLoss | None = None  # train.compile in a single process
 
     @property
     def fsdp(self) -> bool:
@@ -234,8 +282,13 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         model = model_from_config(cfg.model).to(device)
     if dist.enabled:
         seed_everything(cfg.train.seed + dist.rank)  # per-rank dropout streams
-    if cfg.train.compile:
+    compiled = None
+    if cfg.train.compile and dist.enabled:
+        # DDP's bucketed all-reduce would split a whole-step graph: distributed runs compile
+        # each block in place (one graph serves every T).
         compile_blocks(model)
+    elif cfg.train.compile:
+        compiled = CompiledLoss(model, cfg.train.depth_max - cfg.train.depth_min + 1)
     wrapped = None
     if dist.enabled:
         from looplm.distributed import wrap_model  # DDP/FSDP live in distributed.py
@@ -251,7 +304,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
             _set_rng_state(rng)
     source = make_source(cfg.data, cfg.model, cfg.train.seed)
     return TrainState(
-        cfg, wrapped or model, optimizer, source, device, dist, step, [], model, wrapped
+        cfg, wrapped or model, optimizer, source, device, dist, step, [], model, wrapped, compiled
     )
 
 
@@ -288,11 +341,13 @@ def train_step(ts: TrainState) -> dict[str, Any]:
         x, y = ts.source.train_batch(
             ts.step, micro, tc.batch_size, rank, world_size=world, grad_accum=tc.grad_accum
         )
+        check_token_ids(x, cfg.model.vocab_size)  # on the host: no sync inside the step
         x, y = x.to(ts.device, non_blocking=True), y.to(ts.device, non_blocking=True)
         last = micro == tc.grad_accum - 1
+        loss_fn = ts.compiled or (core.loss if model is core else model)
         # all-reduce / reduce-scatter only on the last micro-batch
         with grad_sync(model, last), autocast_context(cfg, ts.device):
-            nll = core.loss(x, y, **kwargs) if model is core else model(x, y, **kwargs)
+            nll = loss_fn(x, y, **kwargs)
             (nll * scale).backward()
         local_sum += nll.detach().float()
         n_input += x.numel()

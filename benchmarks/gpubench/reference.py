@@ -82,7 +82,7 @@ class RefTrainer:
         if compile_mode == "block":
             model.core.compile()
         elif compile_mode == "full":
-            self.fn = torch.compile(model)
+            self.fn = torch.compile(model, dynamic=False)  # one graph per T
 
     def step(self, x, y, loops: int) -> float:
         import torch

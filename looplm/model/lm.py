@@ -97,6 +97,17 @@ class LoopStep:
         return self.state + (rec.from_hidden(h, ctx) - rec.from_hidden(self.hidden, ctx))
 
 
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """LoopLMError naming the first id outside [0, vocab_size); reads the values (a host sync
+    when ``input_ids`` lives on a GPU, so callers check host batches)."""
+    if not input_ids.numel():
+        return
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise LoopLMError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
 def check_loops(loops: int) -> int:
     if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
         raise LoopLMError(f"loops={loops!r}: the loop depth T must be an integer >= 1")
@@ -239,13 +250,11 @@ class LanguageModelBase(nn.Module):
             )
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise LoopLMError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.device.type == "cpu" and input_ids.numel():  # on GPU this would sync
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                bad = lo if lo < 0 else hi
-                raise LoopLMError(
-                    f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})"
-                )
+        # Eager calls on the CPU check ids here (a GPU check would sync); a compiled graph
+        # cannot read a tensor's value, so the training loop checks each batch on the host
+        # before it moves to the device (:func:`check_token_ids`).
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            check_token_ids(input_ids, self.config.vocab_size)
         e = self.tok_emb(input_ids)
         if self.config.emb_scale != 1.0:
             e = e * self.config.emb_scale
@@ -298,6 +307,8 @@ class LanguageModelBase(nn.Module):
         """
         valid = targets != IGNORE_INDEX
         n = valid.sum()
+        if torch.compiler.is_compiling() and not per_token:
+            return self._score_static(h, targets, valid, n, hits)
         if per_token:
             V = self.config.vocab_size
             nll, correct = score_tokens(self.readout, h, targets, V, dtype=dtype)
@@ -317,6 +328,22 @@ class LanguageModelBase(nn.Module):
             return Scores(linear_cross_entropy(x, w, tgt), n, None)
         nll, count = linear_nll_and_correct(x, w, tgt)
         return Scores(nll, n, count)
+
+    def _score_static(
+        self, h: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, n: torch.Tensor, hits
+    ) -> Scores:
+        """:meth:`score` (summed) inside a compiled graph: every row is read out and unscored
+        rows weigh 0 (``ignore_index``), so shapes do not depend on the targets' values (the
+        eager path's ``h[valid]`` would end the graph). Inductor fuses the log-softmax and its
+        backward into the (N, V) logits pass, which the eager chunked loss does by hand."""
+        logits = self.readout(h).float()  # (B, L, V)
+        nll = F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        grad = torch.is_grad_enabled() and logits.requires_grad
+        if grad or not hits:
+            return Scores(nll, n, None)
+        return Scores(nll, n, ((logits.argmax(-1) == targets) & valid).sum())
 
     def loss(
         self,
