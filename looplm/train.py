@@ -108,7 +108,9 @@ def make_optimizer(
     model: torch.nn.Module, cfg: RunConfig, device: torch.device, fused: bool | None = None
 ):
     """AdamW; ≥2-D weights decay, norms/scalar gains do not; frozen parameters are left out.
-    ``fused`` (default: on GPU) selects the fused CUDA kernel."""
+    ``fused`` (default: on GPU and CPU) selects the fused kernel: one pass over each parameter's
+    memory instead of the foreach implementation's dozen. On a CPU (22m, one thread) the fused
+    step took 30 ms where foreach took 330–400 ms, a fifth of a whole training step."""
     tc = cfg.train
     no_decay = model.no_decay_parameters()
     if hasattr(model, "recurrence"):
@@ -118,7 +120,7 @@ def make_optimizer(
         {"params": [p for p in params if id(p) not in no_decay], "weight_decay": tc.weight_decay},
         {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
     ]
-    fused = device.type == "cuda" if fused is None else fused
+    fused = device.type in ("cuda", "cpu") if fused is None else fused
     extra = {"fused": True} if fused else {}
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **extra)
 
@@ -153,6 +155,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+#: The compiler backend of ``train.compile`` (tests trace with ``aot_eager``: no C++ build).
+COMPILE_BACKEND = "inductor"
+
+
 class CompiledLoss:
     """``train.compile`` in a single process: the training loss — embedding, prelude, the whole
     unroll of T steps, coda, readout and cross-entropy — as one ``torch.compile(fullgraph=True)``
@@ -173,7 +179,7 @@ class CompiledLoss:
     unscored targets weighted 0 (so no shape depends on data).
     """
 
-    def __init__(self, model: torch.nn.Module, n_depths: int, backend: str = "inductor") -> None:
+    def __init__(self, model: torch.nn.Module, n_depths: int, backend: Any = None) -> None:
         import torch._dynamo
 
         cfg = torch._dynamo.config
@@ -181,6 +187,7 @@ class CompiledLoss:
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * n_depths + 64)
         self.model = model
         self.depths: set[int] = set()
+        backend = backend or COMPILE_BACKEND
         self.fn = torch.compile(self._loss, fullgraph=True, dynamic=False, backend=backend)
 
     def _loss(self, x, y, loops, objective, truncate_k, checkpoint_loops):
@@ -295,8 +302,8 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
 
         wrapped = wrap_model(model, cfg, dist, device)
     fsdp = wrapped is not None and cfg.train.parallel == "fsdp"
-    # Fused AdamW on GPU; FSDP's sharded (DTensor) parameters take the foreach implementation.
-    optimizer = make_optimizer(model, cfg, device, fused=device.type == "cuda" and not fsdp)
+    # Fused AdamW; FSDP's sharded (DTensor) parameters take the foreach implementation.
+    optimizer = make_optimizer(model, cfg, device, fused=None if not fsdp else False)
     if resume:
         load_optimizer_state(ckpt, sharded_optimizer_loader(optimizer) if fsdp else optimizer)
         rng = read_meta(ckpt)["state"].get("rng")
