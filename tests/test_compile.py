@@ -247,3 +247,27 @@ def test_bad_token_ids_are_refused_on_the_host_before_a_compiled_step(tmp_path):
 
     with pytest.raises(Exception, match="is outside the vocabulary"):
         check_token_ids(x, model.config.vocab_size)  # what the training step runs on the host
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(objective="per_step", truncate_k=0, checkpoint_loops=False),
+        dict(objective="final", truncate_k=1, checkpoint_loops=False),
+        dict(objective="final", truncate_k=0, checkpoint_loops=True),
+    ],
+)
+def test_training_options_compile_whole_and_equal_eager(kw):
+    model = _model("scse")
+    x, y = _batch(model)
+    model.zero_grad(set_to_none=True)
+    want = model.loss(x, y, 3, reduction="sum", **kw)
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    got = CompiledLoss(model, 1, backend="aot_eager")(x, y, loops=3, **kw)
+    got.backward()
+    _close(got.detach(), want.detach())
+    for n, g in want_grads.items():
+        _close_grad(dict(model.named_parameters())[n].grad, g)
