@@ -18,7 +18,7 @@ rows, 1 process × 2b rows and b rows × 2 accumulation steps give the same grad
 Distributed runs (``torchrun``; DDP or FSDP2 by ``train.parallel``) are wrapped in
 :mod:`looplm.distributed`; this module only calls its helpers. ``train.compile`` compiles the
 whole training loss (forward, loss and, through AOT autograd, backward) as one graph per loop depth
-T (:class:`CompiledLoss`); distributed runs compile each Transformer block in place instead.
+T (:class:`looplm.compiled_step.CompiledLoss`); distributed runs compile each Transformer block in place instead.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from looplm.checkpoint import (
     read_meta,
     save_checkpoint,
 )
+from looplm.compiled_step import CompiledLoss, compile_training
 from looplm.config import RunConfig, dump_config
 from looplm.data.sources import DataSource, make_source, step_seed
 from looplm.device import resolve_device
@@ -68,7 +69,6 @@ from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.limits import cap_steps
 from looplm.model import model_from_config
-from looplm.model.block import Block
 from looplm.model.lm import check_token_ids
 from looplm.progress import progress_enabled
 from looplm.run_folder import check_resume_config, progress_line, with_absolute_paths
@@ -155,67 +155,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-#: The compiler backend of ``train.compile`` (tests trace with ``aot_eager``: no C++ build).
-COMPILE_BACKEND = "inductor"
-
-
-class CompiledLoss:
-    """``train.compile`` in a single process: the training loss — embedding, prelude, the whole
-    unroll of T steps, coda, readout and cross-entropy — as one ``torch.compile(fullgraph=True)``
-    graph per loop depth T, whose backward AOT autograd compiles with it (``loss.backward()``
-    runs the compiled backward graph).
-
-    Why the whole step and not the blocks: on a CPU (22m, T = 8, batch 2 × 128, measured
-    alternately in ``benchmarks/compiled_step.py``) compiling only the blocks gained nothing,
-    since the recurrence update, norms, Eq. 4's mask, the readout and the loss still ran eager,
-    one kernel each; one graph over the unroll lets the compiler fuse those elementwise passes
-    into the blocks' and the loss's. A graph per T, not one symbolic in T, because the unroll is
-    a Python loop (every step's kernels are laid out in the graph): each T in the training depth
-    range is compiled once, the first time it is drawn, and reused (``dynamic=False``; the
-    compiler's cache keeps one entry per T, so its entry limit is raised to the range's size).
-
-    The graph holds no host sync: token ids are checked on the host batch before it moves to the
-    device, Eq. 4's per-example mask is an in-graph comparison, and the loss reads every row with
-    unscored targets weighted 0 (so no shape depends on data).
-    """
-
-    def __init__(self, model: torch.nn.Module, n_depths: int, backend: Any = None) -> None:
-        import torch._dynamo
-
-        cfg = torch._dynamo.config
-        cfg.recompile_limit = max(cfg.recompile_limit, n_depths + 8)
-        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * n_depths + 64)
-        self.model = model
-        self.depths: set[int] = set()
-        backend = backend or COMPILE_BACKEND
-        self.fn = torch.compile(self._loss, fullgraph=True, dynamic=False, backend=backend)
-
-    def _loss(self, x, y, loops, objective, truncate_k, checkpoint_loops):
-        return self.model.loss(
-            x,
-            y,
-            loops,
-            objective=objective,
-            truncate_k=truncate_k,
-            checkpoint_loops=checkpoint_loops,
-            reduction="sum",
-        )
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, *, loops: int, **kw) -> torch.Tensor:
-        self.depths.add(loops)
-        return self.fn(x, y, loops, kw["objective"], kw["truncate_k"], kw["checkpoint_loops"])
-
-
-def compile_blocks(model: torch.nn.Module) -> int:
-    """``torch.compile`` every Transformer block of ``model`` in place; returns how many."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, Block):
-            m.compile()
-            n += 1
-    return n
-
-
 def train_flops(model_cfg, loops: int, seq_len: int, n_input: int, n_supervised: int) -> float:
     """Training FLOPs of one step by the paper's proxy (Eqs. 20–21), ×3 for forward + backward.
 
@@ -289,13 +228,7 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
         model = model_from_config(cfg.model).to(device)
     if dist.enabled:
         seed_everything(cfg.train.seed + dist.rank)  # per-rank dropout streams
-    compiled = None
-    if cfg.train.compile and dist.enabled:
-        # DDP's bucketed all-reduce would split a whole-step graph: distributed runs compile
-        # each block in place (one graph serves every T).
-        compile_blocks(model)
-    elif cfg.train.compile:
-        compiled = CompiledLoss(model, cfg.train.depth_max - cfg.train.depth_min + 1)
+    compiled = compile_training(model, cfg, dist.enabled) if cfg.train.compile else None
     wrapped = None
     if dist.enabled:
         from looplm.distributed import wrap_model  # DDP/FSDP live in distributed.py

@@ -23,14 +23,15 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter
 
-import looplm.train as train_mod
+import looplm.compiled_step as compiled_mod
 from looplm.checkpoint import load_checkpoint
+from looplm.compiled_step import CompiledLoss
 from looplm.config import load_config
 from looplm.model import model_from_config
 from looplm.model.families import published_model_config
 from looplm.model.recurrences import recurrence_names
 from looplm.targets import IGNORE_INDEX
-from looplm.train import CompiledLoss, fit
+from looplm.train import fit
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pretrained"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.context=16"]
@@ -213,7 +214,7 @@ def test_scse_mask_is_exact_under_inductor():
 
 
 def test_resume_of_a_compiled_run_equals_an_eager_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_mod, "COMPILE_BACKEND", "eager")  # Dynamo's graphs, no codegen
+    monkeypatch.setattr(compiled_mod, "COMPILE_BACKEND", "eager")  # Dynamo's graphs, no codegen
     over = [
         "train.steps=4",
         "train.batch_size=4",

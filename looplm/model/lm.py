@@ -39,7 +39,7 @@ from looplm.model.block import Block, BlockCall, Core, KVCache, positions
 from looplm.model.halting import UnrollHalting
 from looplm.model.loss import linear_cross_entropy, linear_nll_and_correct
 from looplm.model.masks import adjacency_mask
-from looplm.model.readout import readout_nll, score_tokens
+from looplm.model.readout import readout_nll, readout_nll_static, score_tokens
 from looplm.model.recurrences import LoopContext, Recurrence, build_recurrence
 from looplm.targets import IGNORE_INDEX
 
@@ -98,11 +98,8 @@ class LoopStep:
 
 
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    """LoopLMError naming the first id outside [0, vocab_size); reads the values (a host sync
-    when ``input_ids`` lives on a GPU, so callers check host batches)."""
-    if not input_ids.numel():
-        return
-    lo, hi = int(input_ids.min()), int(input_ids.max())
+    """LoopLMError naming an id outside [0, vocab_size) (reads values: check host tensors)."""
+    lo, hi = (int(input_ids.min()), int(input_ids.max())) if input_ids.numel() else (0, 0)
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
         raise LoopLMError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
@@ -307,8 +304,9 @@ class LanguageModelBase(nn.Module):
         """
         valid = targets != IGNORE_INDEX
         n = valid.sum()
-        if torch.compiler.is_compiling() and not per_token:
-            return self._score_static(h, targets, valid, n, hits)
+        if torch.compiler.is_compiling() and not per_token:  # no shape may depend on targets
+            nll, correct = readout_nll_static(self.readout, h, targets, hits)
+            return Scores(nll, n, correct)
         if per_token:
             V = self.config.vocab_size
             nll, correct = score_tokens(self.readout, h, targets, V, dtype=dtype)
@@ -328,22 +326,6 @@ class LanguageModelBase(nn.Module):
             return Scores(linear_cross_entropy(x, w, tgt), n, None)
         nll, count = linear_nll_and_correct(x, w, tgt)
         return Scores(nll, n, count)
-
-    def _score_static(
-        self, h: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, n: torch.Tensor, hits
-    ) -> Scores:
-        """:meth:`score` (summed) inside a compiled graph: every row is read out and unscored
-        rows weigh 0 (``ignore_index``), so shapes do not depend on the targets' values (the
-        eager path's ``h[valid]`` would end the graph). Inductor fuses the log-softmax and its
-        backward into the (N, V) logits pass, which the eager chunked loss does by hand."""
-        logits = self.readout(h).float()  # (B, L, V)
-        nll = F.cross_entropy(
-            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        grad = torch.is_grad_enabled() and logits.requires_grad
-        if grad or not hits:
-            return Scores(nll, n, None)
-        return Scores(nll, n, ((logits.argmax(-1) == targets) & valid).sum())
 
     def loss(
         self,
