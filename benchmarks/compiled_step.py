@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     body = []
     for sched in args.schedules.split(","):
         depths, label = ((8, 8), "T = 8") if sched == "fixed" else ((1, 8), "T ~ U{1..8}")
-        body += run_schedule(args, label, depths, rate)
+        lines = run_schedule(args, label, depths, rate)
+        print("\n".join(lines), flush=True)  # each table as soon as it is measured
+        body += lines
     load1 = os.getloadavg()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
     dev = "GPU" if args.device == "cuda" else "CPU"
