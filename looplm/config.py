@@ -228,9 +228,7 @@ class TrainConfig:
     seed: int = 0  # seed of the parameters, the data stream and the depth draws
     device: str = "auto"  # auto | cpu | cuda
     autocast: str = "auto"  # auto (bf16 on GPU) | bf16 | off
-    compile: bool = (
-        False  # torch.compile the whole training loss, one graph per T (per block when distributed)
-    )
+    compile: bool = False  # torch.compile the whole step, one graph per T (blocks if distributed)
     objective: str = "final"  # final (silent thinking) | per_step (intermediate supervision)
     truncate_k: int = 0  # >0: backprop only through the last k loops
     checkpoint_loops: bool = False  # activation checkpointing per loop step
