@@ -31,6 +31,19 @@ export LOOPLM_CACHE_DIR=${LOOPLM_CACHE_DIR:-/tmp/looplm-cache}
 DEST=${OUT:-/tmp}
 echo "gpu_suite: $($PY -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+# First the compiled-step yardstick (looplm eager/compiled vs the Listing-1 reference eager/compiled
+# whole; T = 8 and T ~ U{1..8}) at 22m and 95.6m, batch 32 × 128 on a GPU; --smoke: tiny on the CPU.
+if [[ " $* " == *" --smoke "* ]]; then
+  YARD=(--batch 2 --rounds 2 --schedules fixed --no-write)
+  PRESETS=(tiny)
+else
+  YARD=(--batch 32 --rounds 10)
+  PRESETS=(22m 95.6m)
+fi
+for p in "${PRESETS[@]}"; do
+  timeout 900 "$PY" benchmarks/compiled_step.py --threads 0 "${YARD[@]}" --preset "$p" 2>&1 \
+    | tee -a "$DEST/compiled_step.log"
+done
 "$PY" benchmarks/gpu_bench.py --data-dir "$DATA" --cache-dir "$LOOPLM_CACHE_DIR" \
   --json "$DEST/gpu_bench.json" "$@" 2>&1 | tee "$DEST/gpu_suite.log"
 rc=${PIPESTATUS[0]}

@@ -47,7 +47,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_bf16_compiled_matches_fp32_eager() -> None:
-    from looplm.training.loop import compile_blocks
+    from looplm.training.compiled_step import compile_blocks
 
     prec = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # a true fp32 reference (no TF32)

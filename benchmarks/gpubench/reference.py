@@ -65,13 +65,16 @@ def build_reference(d: int, n_heads: int, d_ff: int, vocab: int, context: int, d
 class RefTrainer:
     """The reference's training step: autocast forward, backward, clip, fused AdamW."""
 
-    def __init__(self, model, device, *, compile_mode: str, lr: float = 3e-4) -> None:
+    def __init__(
+        self, model, device, *, compile_mode: str, lr: float = 3e-4, fused: bool | None = None
+    ) -> None:
         import torch
 
         self.model, self.device = model, device
         decay = [p for p in model.parameters() if p.dim() >= 2]
         other = [p for p in model.parameters() if p.dim() < 2]
-        extra = {"fused": True} if device.type == "cuda" else {}
+        fused = device.type == "cuda" if fused is None else fused
+        extra = {"fused": True} if fused else {}
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
             lr=lr,
@@ -82,7 +85,7 @@ class RefTrainer:
         if compile_mode == "block":
             model.core.compile()
         elif compile_mode == "full":
-            self.fn = torch.compile(model)
+            self.fn = torch.compile(model, dynamic=False)  # one graph per T
 
     def step(self, x, y, loops: int) -> float:
         import torch

@@ -34,7 +34,11 @@ def depth_sweep(
 
     model.eval()
     depths = sorted({int(d) for d in depths})
-    acc = {T: {"sum_nll": 0.0, "n_tokens": 0, "n_correct": 0} for T in depths}
+    # Sums stay on the device (float64 / int64) and are read once at the end: no host sync per
+    # depth and batch. The sweep itself stays eager: batch shapes vary (the last batch, task rows)
+    # and one unroll serves every depth, so a graph per (shape, depth set) would rarely be reused.
+    sums = torch.zeros(len(depths), 3, dtype=torch.float64, device=device)  # Σ NLL, tokens, hits
+    slot = {T: i for i, T in enumerate(depths)}
     t0 = time.perf_counter()
     batches = source.eval_batches(batch_size, max_tokens, n_examples)
     # counted in loop steps, not batches: a deep sweep spends minutes inside one batch
@@ -46,16 +50,13 @@ def depth_sweep(
             bar.update(T - done)
             done = T
             s = model.score(h, y)  # chunked: no (N, V) logits table for the GPT-2 vocabulary
-            a = acc[T]
-            a["sum_nll"] += float(s.nll)
-            a["n_tokens"] += int(s.n_tokens)
-            a["n_correct"] += int(s.correct)
+            sums[slot[T]] += torch.stack([s.nll.double(), s.n_tokens.double(), s.correct.double()])
         bar.set_postfix(batch=i, T=done)
     bar.close()
     wall = time.perf_counter() - t0
     out = []
-    for T in depths:
-        a = acc[T]
+    for T, (sum_nll, n_tokens, n_correct) in zip(depths, sums.tolist()):
+        a = {"sum_nll": sum_nll, "n_tokens": int(n_tokens), "n_correct": int(n_correct)}
         nll = a["sum_nll"] / max(a["n_tokens"], 1)
         row: dict[str, Any] = {"depth": T, **a, "nll": nll, "ppl": math.exp(min(nll, 700.0))}
         if source.is_task:

@@ -38,7 +38,7 @@ from looplm.model.block import Block, BlockCall, Core, KVCache, positions
 from looplm.model.halting import UnrollHalting
 from looplm.model.loss import linear_cross_entropy, linear_nll_and_correct
 from looplm.model.masks import adjacency_mask
-from looplm.model.readout import readout_nll, score_tokens
+from looplm.model.readout import readout_nll, readout_nll_static, score_tokens
 from looplm.model.recurrences import LoopContext, Recurrence, build_recurrence
 from looplm.settings.config import ModelConfig
 from looplm.targets import IGNORE_INDEX
@@ -95,6 +95,14 @@ class LoopStep:
             return h
         rec, ctx = self.recurrence, self.context
         return self.state + (rec.from_hidden(h, ctx) - rec.from_hidden(self.hidden, ctx))
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """LoopLMError naming an id outside [0, vocab_size) (reads values: check host tensors)."""
+    lo, hi = (int(input_ids.min()), int(input_ids.max())) if input_ids.numel() else (0, 0)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise LoopLMError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
 
 
 def check_loops(loops: int) -> int:
@@ -239,13 +247,11 @@ class LanguageModelBase(nn.Module):
             )
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise LoopLMError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.device.type == "cpu" and input_ids.numel():  # on GPU this would sync
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                bad = lo if lo < 0 else hi
-                raise LoopLMError(
-                    f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})"
-                )
+        # Eager calls on the CPU check ids here (a GPU check would sync); a compiled graph
+        # cannot read a tensor's value, so the training loop checks each batch on the host
+        # before it moves to the device (:func:`check_token_ids`).
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            check_token_ids(input_ids, self.config.vocab_size)
         e = self.tok_emb(input_ids)
         if self.config.emb_scale != 1.0:
             e = e * self.config.emb_scale
@@ -298,6 +304,9 @@ class LanguageModelBase(nn.Module):
         """
         valid = targets != IGNORE_INDEX
         n = valid.sum()
+        if torch.compiler.is_compiling() and not per_token:  # no shape may depend on targets
+            nll, correct = readout_nll_static(self.readout, h, targets, hits)
+            return Scores(nll, n, correct)
         if per_token:
             V = self.config.vocab_size
             nll, correct = score_tokens(self.readout, h, targets, V, dtype=dtype)

@@ -24,6 +24,24 @@ from looplm.targets import IGNORE_INDEX
 Readout = Callable[[torch.Tensor], torch.Tensor]
 
 
+def readout_nll_static(
+    readout: Readout, h: torch.Tensor, targets: torch.Tensor, hits: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(Σ NLL, argmax hits or None) of ``readout(h)`` (B, L, d) against ``targets`` (B, L) inside a
+    compiled graph: every row is read out and unscored rows (``IGNORE_INDEX``) weigh 0, so no
+    shape depends on the targets' values (indexing the scored rows would end the graph). Inductor
+    fuses the log-softmax and its backward into the (B·L, V) logits pass that the eager chunked
+    loss makes by hand, but the whole fp32 logits table is kept for the backward. Hits are None
+    with gradients or when not asked for."""
+    logits = readout(h).float()  # (B, L, V)
+    nll = F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    if (torch.is_grad_enabled() and logits.requires_grad) or not hits:
+        return nll, None
+    return nll, ((logits.argmax(-1) == targets) & (targets != IGNORE_INDEX)).sum()
+
+
 def readout_kl(logp: torch.Tensor, logp_prev: torch.Tensor) -> torch.Tensor:
     """``KL(p_t ‖ p_{t−1})`` over the last axis from log-probabilities: (…, V) × 2 → (…)."""
     return (logp.exp() * (logp - logp_prev)).sum(-1)

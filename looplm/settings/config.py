@@ -229,7 +229,7 @@ class TrainConfig:
     autocast: str = setting(
         "auto", choices=("auto", "bf16", "off")
     )  # auto (bf16 on GPU) | bf16 | off
-    compile: bool = False  # torch.compile each block (one graph for every T)
+    compile: bool = False  # torch.compile the whole step, one graph per T (blocks if distributed)
     objective: str = setting(
         "final", choices=("final", "per_step")
     )  # final (silent thinking) | per_step (intermediate supervision)
