@@ -23,15 +23,21 @@ quote the generated table between ``<!-- generated: findings GRID -->`` and
 block is stale). Prose may explain a verdict, never upgrade it.
 """
 
-from looplm.experiments.findings.claims import (
-    CLAIM_KEYS,
-    TESTS,
-    GridFindings,
-    check_claims,
-    claim_verdict,
-    findings_grids,
-    grid_findings,
-    refresh_blocks,
+from looplm.settings.plugins import lazy_attributes
+
+# a light face (the command line imports this package at start-up): names load on first use
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "CLAIM_KEYS": "looplm.experiments.findings.claims",
+        "TESTS": "looplm.experiments.findings.claims",
+        "GridFindings": "looplm.experiments.findings.claims",
+        "check_claims": "looplm.experiments.findings.claims",
+        "claim_verdict": "looplm.experiments.findings.claims",
+        "findings_grids": "looplm.experiments.findings.claims",
+        "grid_findings": "looplm.experiments.findings.claims",
+        "refresh_blocks": "looplm.experiments.findings.claims",
+    },
 )
 
 __all__ = [

@@ -33,8 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from looplm.errors import LoopLMError
-    from looplm.experiments.findings import findings_grids, grid_findings, refresh_blocks
-    from looplm.experiments.findings.claims import BLOCK
+    from looplm.experiments.findings.claims import (
+        BLOCK,
+        findings_grids,
+        grid_findings,
+        refresh_blocks,
+    )
     from looplm.io import atomic_write_text
 
     s = from_args(FindingsSettings, args)
