@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         f"test windows of {args.length} tokens, {args.prompt}-token prompt prefilled at full "
         f"depth, every later true token decoded through the cache ({time.time() - t0:.0f} s).",
         "",
-        f"**Depth matters:** NLL {base:.4f} at T = {T} against {quarter:.4f} at T/4 = "
-        f"{max(1, T // 4)} ({100 * (quarter / base - 1):+.2f}%).",
+        f"**Depth response:** NLL {base:.4f} at T = {T} against {quarter:.4f} at T/4 = "
+        f"{max(1, T // 4)} ({100 * (quarter / base - 1):+.2f}%: "
+        + ("depth helps this model)." if quarter > base else "depth does not help this model).")
         "",
         "| rule | threshold | NLL | cost vs fixed T | loops/token | chosen (≤ "
         f"{args.budget:g}%, fewest loops) |",
