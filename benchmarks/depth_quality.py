@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"**Depth response:** NLL {base:.4f} at T = {T} against {quarter:.4f} at T/4 = "
         f"{max(1, T // 4)} ({100 * (quarter / base - 1):+.2f}%: "
-        + ("depth helps this model)." if quarter > base else "depth does not help this model).")
+        + ("depth helps this model)." if quarter > base else "depth does not help this model)."),
         "",
         "| rule | threshold | NLL | cost vs fixed T | loops/token | chosen (≤ "
         f"{args.budget:g}%, fewest loops) |",
