@@ -225,7 +225,12 @@ def lora_targets(model: torch.nn.Module, which: str) -> list[str]:
 def add_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
     """LoRA adapters (rank ``lora.rank``, scale alpha/rank, no dropout) on the target projections,
     in place; every other parameter frozen (``peft``)."""
-    from peft import LoraConfig, inject_adapter_in_model
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError:
+        raise LoopLMError(
+            f"lora.rank={cfg.lora.rank} needs the peft library: pip install 'looplm[finetune]'"
+        ) from None
 
     names = lora_targets(model, cfg.lora.targets)
     pattern = "|".join(re.escape(n) for n in names)
