@@ -84,16 +84,22 @@ def training_lock(out_dir: str | os.PathLike) -> Iterator[None]:
         yield
         return
     path = Path(out_dir) / TRAIN_LOCK
-    created = not Path(out_dir).exists()
+    # the folders this lock creates: out_dir and any missing parent (runs/ for runs/NAME)
+    created = [q for q in (Path(out_dir), *Path(out_dir).parents) if not q.exists()]
     try:
         with _held(path, out_dir):
             yield
     except BaseException:
         # refused before writing anything (bad data, a setting found wrong late): leave no folder
-        # that holds only the lock
+        # that holds only the lock, nor the empty parents made for it
         folder = Path(out_dir)
         if created and folder.is_dir() and [p.name for p in folder.iterdir()] in ([TRAIN_LOCK], []):
             shutil.rmtree(out_dir, ignore_errors=True)
+            for parent in created[1:]:
+                try:
+                    parent.rmdir()  # only while empty
+                except OSError:
+                    break
         raise
 
 
