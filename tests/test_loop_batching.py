@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_batching import _model, _requests
 
 from looplm.decoding.batching import Request
 from looplm.decoding.decoder import Halting, decode
@@ -26,28 +27,6 @@ LAYOUTS = {
     "looped_gqa": ("model.recurrence=looped", "model.n_kv_heads=2"),
     "ouro": ("model.recurrence=ouro", "model.final_norm=false"),
 }
-
-
-def _model(*overrides: str, context: int = 24):
-    cfg = load_config("tiny_wt2", ["model.dropout=0.0", f"model.context={context}", *overrides])
-    torch.manual_seed(0)
-    model = model_from_config(cfg.model).eval()
-    with torch.no_grad():  # away from the init so that tokens halt at different depths
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn_like(p))
-    return model
-
-
-def _requests(n: int = 6, seed: int = 0) -> list[Request]:
-    """Mixed prompt lengths (some past the context: they slide) and lengths; greedy and sampled."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        L = int(torch.randint(1, 30, (1,), generator=g))
-        new = int(torch.randint(1, 24, (1,), generator=g))
-        ids = tuple(torch.randint(0, 256, (L,), generator=g).tolist())
-        out.append(Request(ids, new, temperature=0.0 if i % 2 else 1.0, top_k=50, seed=i))
-    return out
 
 
 def _alone(model, r: Request, loops: int, halt: str, thr: float):
