@@ -1,6 +1,7 @@
 """The compiled read paths (``eval --compile``): the fixed-depth sweep's full batches through one
 fullgraph graph (one unroll, every depth's sums stacked), compiled once per sweep, ≡ the eager
-sweep; the last partial batch eager.
+sweep; the last partial batch eager. Per-token halting stays eager (its active rows are a
+data-dependent shape) with one host read per loop step, its results unchanged.
 
 Graphs are traced with the ``aot_eager`` backend or counted with a ``CompileCounter`` (no C++
 build). Tolerance, compiled vs eager, fp32 model, float64 sums: 1e-5 relative on Σ NLL (the compiled
@@ -143,3 +144,58 @@ def test_eval_command_threads_compile_to_the_sweep(tmp_path, monkeypatch):
     for a, b in zip(result["results"], plain["results"]):
         assert a["accuracy"] == b["accuracy"]
         assert a["sum_nll"] == pytest.approx(b["sum_nll"], rel=1e-5)
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that read a tensor's values on the host (a GPU sync): ``bool``/``int``/
+    ``item``/``tolist``, ``nonzero`` and indexing by a boolean mask (its size is data)."""
+
+    READS = {"__bool__", "__int__", "__float__", "item", "tolist", "nonzero", "masked_select"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        index = args[1] if name in ("__getitem__", "__setitem__", "index_put_") else ()
+        index = index if isinstance(index, (tuple, list)) else (index,)
+        if name in self.READS or any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index
+        ):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_per_token_halting_reads_the_host_once_per_step_with_the_same_results(skip, monkeypatch):
+    """Per-token halting stays eager (active rows are a data-dependent shape) but each step's
+    decision reads the host once (the active tokens' indices), however many tokens halt."""
+    import looplm.model.halting as halting_mod
+    from looplm.adaptive.halting import per_token_halting
+    from looplm.model.halting import TokenHalting
+    from looplm.model.halting_rules import KLHalt
+
+    model = _model().eval()
+    with torch.no_grad():
+        for p in model.block.parameters():  # random init barely moves h: sharpen the block
+            if p.dim() == 2:
+                p.mul_(4.0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, model.config.vocab_size, (8, 16), generator=g)
+    want = per_token_halting(model, x, KLHalt(1e-3), 10, skip=skip)
+    modes, real = [], TokenHalting.observe
+
+    def observe(self, step, loops):
+        with _HostReads() as mode:
+            real(self, step, loops)
+        modes.append((step.t < loops, self.n_active, mode.calls))
+
+    monkeypatch.setattr(TokenHalting, "observe", observe)
+    monkeypatch.setattr(halting_mod, "chunk_rows", lambda v: 16)  # several readout chunks too
+    h, depth = per_token_halting(model, x, KLHalt(1e-3), 10, skip=skip)
+    assert torch.equal(depth, want[1]) and torch.equal(h, want[0])
+    assert 1 < depth.float().mean() < 10  # some tokens halted early, some later: partial steps
+    partial = [c for asked, n, c in modes if asked and 0 < n < 8 * 16]
+    assert partial, "no step ran with only some tokens active"
+    assert all(c == ["nonzero"] for asked, _, c in modes if asked), modes

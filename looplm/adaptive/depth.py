@@ -230,6 +230,7 @@ def maxtoken_forward(
     require_looped(model)
     check_ceiling(ceiling)
 
+    # stays eager: stopped examples leave the batch (data-dependent shapes), one host sync a step
     halting = ExampleHalting(MaxTokenHalt(threshold, valid))
     ctx = model.prepare(x)
     for _ in model.unroll(ctx, ceiling, halting=halting):

@@ -96,6 +96,8 @@ def per_token_halting(
     """
     require_looped(model)
     check_ceiling(ceiling)
+    # stays eager: the active rows shrink as tokens halt (data-dependent shapes); one host
+    # sync per step, in TokenHalting.observe
     halting = TokenHalting(decide, skip=skip)
     for last in model.unroll(model.prepare(x), ceiling, halting=halting):  # noqa: B007
         pass
