@@ -17,6 +17,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter
 
+from looplm.adaptive.halting import LinearRouter
 from looplm.data.sources import eval_windows
 from looplm.errors import LoopLMError
 from looplm.evaluate.settings import EvalSettings
@@ -199,3 +200,29 @@ def test_per_token_halting_reads_the_host_once_per_step_with_the_same_results(sk
     partial = [c for asked, n, c in modes if asked and 0 < n < 8 * 16]
     assert partial, "no step ran with only some tokens active"
     assert all(c == ["nonzero"] for asked, _, c in modes if asked), modes
+
+
+def test_router_harvest_reads_the_host_once_per_batch():
+    """The router's training data gathers the scored tokens by indices taken once per batch (a
+    boolean mask each step would read the host twice a step): as many host reads at ceiling 6
+    as at 3 (on the CPU the embedding also checks the token ids, once per batch)."""
+    from looplm.adaptive.halting import harvest_router_data
+
+    model = _model().eval()
+    g = torch.Generator().manual_seed(2)
+    data = []
+    for _ in range(2):
+        x = torch.randint(0, model.config.vocab_size, (4, 16), generator=g)
+        y = torch.randint(0, model.config.vocab_size, (4, 16), generator=g)
+        y[0, 5:] = IGNORE_INDEX
+        data.append((x, y))
+    calls = {}
+    for ceiling in (3, 6):
+        with _HostReads() as mode:
+            X, Y = harvest_router_data(model, data, ceiling)
+        calls[ceiling] = mode.calls
+    assert calls[6] == calls[3] and calls[6].count("nonzero") == 2  # none per loop step
+    assert X.shape == (2 * (4 * 16 - 11) * 5, 32) and Y.shape == (X.shape[0],)
+    h = model(data[0][0], 1, return_states=True).states[1]  # the first decision's features
+    want = LinearRouter.features(h[data[0][1] != IGNORE_INDEX])
+    torch.testing.assert_close(X[: want.shape[0]], want, rtol=0, atol=0)

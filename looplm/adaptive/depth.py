@@ -142,6 +142,8 @@ def update_trace(
         x, y = x.to(device), y.to(device)
         valid = y != IGNORE_INDEX
         keep = valid.any(dim=1)
+        # eager: static shapes, but run once per checkpoint on the calibration split, next to the
+        # rules' own passes (which compact rows); no host sync inside the unroll
         steps = model.unroll(model.prepare(x), ceiling)
         h_prev = next(steps).hidden
         cols = []
