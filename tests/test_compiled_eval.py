@@ -4,7 +4,7 @@ sweep; the last partial batch eager. Per-token halting stays eager (its active r
 data-dependent shape) with one host read per loop step, its results unchanged.
 
 Graphs are traced with the ``aot_eager`` backend or counted with a ``CompileCounter`` (no C++
-build). Tolerance, compiled vs eager, fp32 model, float64 sums: 1e-5 relative on Σ NLL (the compiled
+build); the slow run also compiles with inductor. Tolerance, compiled vs eager, fp32 model, float64 sums: 1e-5 relative on Σ NLL (the compiled
 readout reads every row with unscored targets weighted 0, the eager one the scored rows through
 the chunked loss — the same sums in another order); token and hit counts exactly equal.
 """
@@ -88,6 +88,18 @@ def test_a_sweep_of_many_full_batches_compiles_once_and_counts_hits():
     eager = _rows(model, source)
     for g, e in zip(rows, eager):
         assert g["n_tokens"] == e["n_tokens"] == 16 * 4 * 6
+        assert g["sum_nll"] == pytest.approx(e["sum_nll"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_sweep_equals_eager():
+    """Inductor's own kernels (what ``eval --compile`` runs), on the tiniest model."""
+    model = _model()
+    source = _Corpus(16 * 4 * 2 + 9, model.config.vocab_size, 16)
+    eager = _rows(model, source)
+    got = _rows(model, source, compile=True)
+    for g, e in zip(got, eager):
+        assert g["n_tokens"] == e["n_tokens"]
         assert g["sum_nll"] == pytest.approx(e["sum_nll"], rel=1e-5)
 
 
