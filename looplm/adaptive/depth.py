@@ -142,6 +142,8 @@ def update_trace(
         x, y = x.to(device), y.to(device)
         valid = y != IGNORE_INDEX
         keep = valid.any(dim=1)
+        # eager: static shapes, but run once per checkpoint on the calibration split, next to the
+        # rules' own passes (which compact rows); no host sync inside the unroll
         steps = model.unroll(model.prepare(x), ceiling)
         h_prev = next(steps).hidden
         cols = []
@@ -230,6 +232,7 @@ def maxtoken_forward(
     require_looped(model)
     check_ceiling(ceiling)
 
+    # stays eager: stopped examples leave the batch (data-dependent shapes), one host sync a step
     halting = ExampleHalting(MaxTokenHalt(threshold, valid))
     ctx = model.prepare(x)
     for _ in model.unroll(ctx, ceiling, halting=halting):

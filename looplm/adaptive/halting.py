@@ -96,6 +96,8 @@ def per_token_halting(
     """
     require_looped(model)
     check_ceiling(ceiling)
+    # stays eager: the active rows shrink as tokens halt (data-dependent shapes); one host
+    # sync per step, in TokenHalting.observe
     halting = TokenHalting(decide, skip=skip)
     for last in model.unroll(model.prepare(x), ceiling, halting=halting):  # noqa: B007
         pass
@@ -160,6 +162,11 @@ def evaluate_per_token(
     }
 
 
+def _take(h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The tokens ``rows`` (flat indices) of states ``h``: (B, L, d) → (N, d)."""
+    return h.reshape(-1, h.shape[-1])[rows]
+
+
 @torch.no_grad()
 def harvest_router_data(
     model: torch.nn.Module,
@@ -182,14 +189,17 @@ def harvest_router_data(
     feats, labels = [], []
     for x, y in tqdm(batches, disable=not progress, desc="harvest", leave=False):
         x, y = x.to(device), y.to(device)
-        valid = y != IGNORE_INDEX
+        # the scored tokens' flat indices, once per batch: each step gathers by them (a boolean
+        # mask would read the host twice a step); the per-step .cpu() keeps device memory flat
+        rows = (y != IGNORE_INDEX).view(-1).nonzero().squeeze(1)
         ctx = model.prepare(x)
         steps = model.unroll(ctx, max(ceiling - 1, 1))  # decisions at t = 1 … C−1
+
         # the labels read out what the readout reads (through any coda); the features read h_t
-        prev = PreviousReadout(model, model.finish(next(steps).hidden, ctx)[valid])
+        prev = PreviousReadout(model, _take(model.finish(next(steps).hidden, ctx), rows))
         for st in steps if ceiling > 1 else ():
-            h = st.hidden[valid]  # (N, d)
-            read = model.finish(st.hidden, ctx)[valid]
+            h = _take(st.hidden, rows)  # (N, d)
+            read = _take(model.finish(st.hidden, ctx), rows)
             kl = prev.advance(read, lambda _c, lp, lpp: readout_kl(lp, lpp))  # (N,)
             feats.append(LinearRouter.features(h).cpu())
             labels.append((kl < label_threshold).float().cpu())

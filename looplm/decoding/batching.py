@@ -247,7 +247,7 @@ class Batcher:
 
     def prefill(self, b: int, keep: int) -> None:
         """Row ``b``'s last ``keep`` tokens prefilled alone at full depth into slot ``b``."""
-        single = StaticKVCache(self.context)
+        single = StaticKVCache(self.context)  # eager: each row's own prompt length, run once
         row = self.rows[b]
         ids = torch.tensor([row.tokens[-keep:]], dtype=torch.long, device=self.device)
         if self.prefill_halt:

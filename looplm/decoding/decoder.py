@@ -454,6 +454,7 @@ def _sample(
 def _prefill(model: nn.Module, ids: torch.Tensor, loops: int, halting: Halting, halt: bool):
     """A fresh cache holding ``ids`` (B, L): (cache, last logits (B, V), depth of every token
     (B, L) when ``halt`` — prefill halting, T for all at threshold 0 — else None)."""
+    # stays eager: prompt lengths vary per call (a graph per length, each run once per prompt)
     cache = StaticKVCache(model.config.context)
     if halting.rule == "kl" and step_readouts(model):  # the prompt's per-step coda keys/values
         h = halting if halt else Halting("kl", 0.0)  # threshold 0: the fixed-depth pass

@@ -563,6 +563,8 @@ class LoopBatcher:
         (their ``last`` logits set) leave the list."""
         model, dev, ready = self.model, self.device, []
         for p in list(self.prefills):
+            # eager: one loop step at a time, interleaved with decoding; a prompt's last chunk
+            # is shorter than the others and the cache offsets are data
             if p.gen is None:  # the next chunk enters: embedding, prelude, step 0
                 chunk = p.ids[p.done : p.done + self.prefill_chunk]
                 ids = torch.tensor([chunk], dtype=torch.long, device=dev)

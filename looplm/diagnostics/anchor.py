@@ -51,6 +51,7 @@ class AnchorMap:
 
     def __call__(self, delta: torch.Tensor, t: int) -> torch.Tensor:
         """Δ (B, L, d) → T_t(Δ) (B, L, d)."""
+        # eager: one step of perturbed states, called per probe direction (and under jvp/vjp)
         h = self.model.step(self.anchor + delta, self.context, t, mask=self.mask)
         return h - self.anchor
 

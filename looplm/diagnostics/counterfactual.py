@@ -78,7 +78,7 @@ def secant_apply(
     """
     rule = quadrature if quadrature is not None else _rule(n_nodes, 0.0, 1.0)
     out = torch.zeros_like(tangent)
-    for xi, w in rule:
+    for xi, w in rule:  # eager: forward-mode autograd of one step at each quadrature node
         _, jv = jvp(fn, (start + xi * segment,), (tangent,))
         out = out + w * jv.detach()
     return out

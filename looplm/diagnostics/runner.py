@@ -74,7 +74,7 @@ def _check_slice(model, ids: torch.Tensor, opts: DiagnoseSettings) -> dict:
     for p in m64.parameters():
         p.requires_grad_(False)
     x = ids[: opts.check_examples, : opts.check_tokens]
-    with torch.no_grad():
+    with torch.no_grad():  # eager: a float64 copy, run once, for torch.func's jvp/vjp below
         out = m64(x, loops=1, return_states=True)
     tmap = AnchorMap(m64, out.context, mask=False)
     delta0 = out.states[0] - out.context.anchor
@@ -110,6 +110,8 @@ class _Measured:
     def add_batch(self, model, x, y, opts: DiagnoseSettings, gen, tokenizer, pad_id) -> None:
         """The unroll to T, the anchor response and gain, the counterfactual, convergence."""
         T = opts.loops
+        # stays eager: one forward next to the per-step maps below (model.step per probe
+        # direction, the counterfactual's steps), which dominate a batch and run eager anyway
         out = model(x, loops=T, return_states=True)
         ctx, states = out.context, out.states
         res = anchor_response(

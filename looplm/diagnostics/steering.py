@@ -67,7 +67,7 @@ def anchor_start_rollout(model: torch.nn.Module, context, loops: int) -> list[to
     """``[h_0 = h*, h_1, …, h_T]`` under the model's one-step map (current ``source_gain``)."""
     h = context.anchor
     out = [h]
-    for t in range(loops):
+    for t in range(loops):  # eager: an intervention (the anchor start, a source gain) per step
         h = model.step(h, context, t)
         out.append(h)
     return out
@@ -141,7 +141,7 @@ def anchor_start_steering(
     cosines: list[torch.Tensor] = []
     b0 = None
     for t in range(loops):
-        for g in all_gains:
+        for g in all_gains:  # eager: each gain is set on the model around its own step
             with source_gain(model, g):
                 h[g] = model.step(h[g], context, t)
             seq_mean[g].append((h[g] - anchor).mean(dim=1).float().cpu())  # (B, d)

@@ -39,6 +39,7 @@ def evaluate_one(checkpoint: str, settings: EvalSettings, *, progress: bool | No
     result = evaluate_checkpoint(
         checkpoint, s.depths, dataset=s.dataset, split=s.split, data_dir=s.data_dir,
         max_tokens=s.max_tokens, batch_size=s.batch_size, device=s.device, progress=progress,
+        compile=s.compile,
     )  # fmt: skip
     cfg = config_from_dict(read_meta(checkpoint)["config"])
     add_per_byte(result, cfg, s)

@@ -44,6 +44,10 @@ class EvalSettings:
     # sequences per batch (>= 1; default: the run's eval batch size)
     batch_size: int | None = setting(None, hi=65_536)
     device: str = setting("auto", choices=DEVICES)  # auto | cpu | cuda
+    # run every full batch through one compiled graph (torch.compile: the unroll and every
+    # depth's readout, compiled once, the last partial batch eager); off by default: compiling
+    # costs tens of seconds, which only a long sweep (a GPU, many batches) earns back
+    compile: bool = False
     out: str | None = None  # also write the JSON here (atomically)
     store: str | None = None  # results store (.sqlite) to write one row per depth into
     tag: str = ""  # evaluation tag (part of the evaluation identity)
@@ -61,6 +65,8 @@ class EvalSettings:
                 check_positive_int(flag, value)
         if self.lambada and (self.dataset or self.split):
             raise LoopLMError("--lambada evaluates LAMBADA's test split; drop --dataset/--split")
+        if self.lambada and self.compile:
+            raise LoopLMError("--compile applies to the fixed-depth sweep, not to --lambada")
         if not self.lambada and self.max_examples is not None:
             raise LoopLMError("--max-examples applies to --lambada; use --max-tokens for corpora")
 

@@ -127,7 +127,7 @@ def intervene(
     check_lens_loops(model, loops)
     lo, hi = check_band(band, loops)
     ctx = model.prepare(ids)
-    steps = model.unroll(ctx, loops)
+    steps = model.unroll(ctx, loops)  # eager: restarted from an edited state at each band step
     st = next(steps)
     while True:
         if lo <= st.t <= hi:

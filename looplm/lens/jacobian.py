@@ -207,7 +207,7 @@ def unroll_for_lens(model: torch.nn.Module, ids: torch.Tensor, loops: int) -> Un
         ctx = model.prepare(ids)
         s0 = next(iter(model.unroll(ctx, loops))).state
     s0 = s0.detach().requires_grad_(True)
-    with torch.enable_grad():
+    with torch.enable_grad():  # eager: a backward per probe through the kept graph (vjp's)
         steps = list(model.unroll(ctx, loops, state=s0, start=0))
         final = model.finish(steps[-1].hidden, ctx)
     return Unrolled(ctx, steps, final)
@@ -219,6 +219,8 @@ def loop_states(
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """([h_0 … h_T] in hidden coordinates, the model's logits at depth T) from one unroll."""
     check_lens_loops(model, loops)
+    # stays eager: lens batches are prompt sets padded to their longest (a shape per batch), and
+    # this one unroll is cheap next to every arm's T + 1 readouts of its states
     ctx = model.prepare(ids)
     hidden = [st.hidden for st in model.unroll(ctx, loops)]
     return hidden, model.readout(model.finish(hidden[-1], ctx))

@@ -117,7 +117,7 @@ def layer_states(
     """([r_0 … r_{p+T·k+c−1}], the model's logits at depth T) from one forward pass."""
     L.check_lens_loops(model, loops)
     counts = layer_counts(model)
-    with layer_inputs(model) as seen:
+    with layer_inputs(model) as seen:  # eager: forward hooks record every layer's input
         ctx = model.prepare(ids)
         for last in model.unroll(ctx, loops):  # noqa: B007
             pass

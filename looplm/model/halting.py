@@ -152,6 +152,7 @@ class TokenHalting:
         self.depth: torch.Tensor | None = None
         self.n_active = 0
         self._prev: PreviousReadout | PreviousHidden | None = None
+        self._idx: torch.Tensor | None = None  # the active tokens' flat indices once some halted
         self._finish: Callable | None = None
         self._kv_core: KeysValuesOnly | None = None
 
@@ -204,18 +205,24 @@ class TokenHalting:
         return torch.where(token_mask(state, self.active), new, state)
 
     def observe(self, step, loops: int) -> None:
-        """After step t < T: ask the decision about the active tokens; halt those it says."""
+        """After step t < T: ask the decision about the active tokens; halt those it says.
+
+        Stays eager (the active rows are a data-dependent shape) with one host sync per step:
+        the active tokens' flat indices, whose count decides the next step's dense / active-row
+        mode and whether to go on; every gather and scatter here reads those indices (no
+        boolean indexing, which would sync once more each)."""
         t = step.t
         if t >= loops:
             return
         h = step.hidden
         B, L = self.active.shape
         dense = self.n_active == B * L
-        # (N, d) rows of the active tokens (row-major); while all are active, a view
-        h_act = h.reshape(B * L, -1) if dense else h[self.active]
+        idx = None if dense else self._idx  # the active tokens' flat indices (row-major)
+        # (N, d) rows of the active tokens; while all are active, a view
+        h_act = h.reshape(B * L, -1) if dense else h.reshape(B * L, -1)[idx]
         if getattr(self.decide, "needs_tokens", False):
-            idx = torch.arange(B * L, device=h.device) if dense else self.active.view(-1).nonzero()
-            halt = self.decide(t, h_act, idx.view(-1), None)
+            rows = torch.arange(B * L, device=h.device) if dense else idx
+            halt = self.decide(t, h_act, rows, None)
         elif self._prev is None:
             halt = self.decide(t, h_act, None, None)
         else:
@@ -225,15 +232,16 @@ class TokenHalting:
             if self._finish is not None:
                 r = self._read(step)
                 if r is not h:
-                    r_act = r.reshape(B * L, -1) if dense else r[self.active]
-            halt = self._prev.advance(r_act, ask, None if dense else self.active.view(-1))
-        if bool(halt.any()):
-            stop = (
-                halt.view(B, L) if dense else self.active.clone().index_put_((self.active,), halt)
-            )
-            self.depth = self.depth.masked_fill(stop, t)
-            self.active = self.active & ~stop
-            self.n_active = int(self.active.sum())
+                    r_act = r.reshape(B * L, -1) if dense else r.reshape(B * L, -1)[idx]
+            halt = self._prev.advance(r_act, ask, idx)
+        if dense:
+            stop = halt.view(B, L)
+        else:
+            stop = torch.zeros_like(self.active).view(-1).index_put_((idx,), halt).view(B, L)
+        self.depth = self.depth.masked_fill(stop, t)
+        self.active = self.active & ~stop
+        self._idx = self.active.view(-1).nonzero().squeeze(1)  # the step's one host sync
+        self.n_active = self._idx.numel()
 
     def keys_values_only(self, rec: nn.Module, core, state, context, t: int) -> None:
         """A step after every token has halted: each block call only writes its keys/values."""
@@ -330,7 +338,7 @@ class ExampleHalting:
             return None
         stop = self.decide(step.t, h, self._prev, rows)  # (A,)
         self._prev = h
-        if not bool(stop.any()):
+        if not bool(stop.any()):  # the step's one host sync: whether the batch shrinks
             return None
         self.out[rows[stop]] = h[stop]
         self.depth[rows[stop]] = step.t
