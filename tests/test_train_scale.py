@@ -3,8 +3,10 @@ memory that stays flat in T, the chunked vocabulary loss and the FLOP/MFU accoun
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,7 +23,14 @@ from looplm.errors import LoopLMError
 from looplm.model import build_model
 from looplm.model.checkpoint import load_checkpoint
 from looplm.settings.config import load_config
-from looplm.training.loop import fit, setup, train_flops, train_step
+from looplm.training.loop import (
+    fit,
+    host_metrics,
+    setup,
+    sync_free_step,
+    train_flops,
+    train_step,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,19 +100,90 @@ def test_nonfinite_guard_leaves_weights_and_optimizer_state_untouched(
     before = _snapshot(ts)
     # Poison one step: the shared block returns NaN, so the loss and every gradient are NaN.
     handle = ts.raw_model.block.register_forward_hook(lambda m, i, out: out * float("nan"))
-    if mode == "stop":
+    if mode == "stop":  # stop reads the host each step, to raise before the next one
+        assert not sync_free_step(ts)
         with pytest.raises(LoopLMError, match="non-finite loss/gradient at step 2"):
             train_step(ts)
-    else:
-        m = train_step(ts)
-        assert m["skipped"] and not torch.isfinite(torch.tensor(m["loss"]))
+        assert all(p.grad is None for p in ts.raw_model.parameters())
+    else:  # skip is decided on the device: fused AdamW's found_inf, no host read
+        with _host_reads() as reads:
+            m = train_step(ts)
+        assert reads == []
+        m = host_metrics(m)
+        assert m["skipped"] is True and not math.isfinite(m["loss"])
     handle.remove()
     assert _same_state(before, _snapshot(ts)), "a poisoned step changed weights or AdamW state"
-    assert all(p.grad is None for p in ts.raw_model.parameters())
     if mode == "skip":  # training goes on normally afterwards
-        m = train_step(ts)
-        assert not m["skipped"] and m["loss"] == pytest.approx(m["loss"])
+        m = host_metrics(train_step(ts))
+        assert m["skipped"] is False and math.isfinite(m["loss"])
         assert not _same_state(before, _snapshot(ts))
+
+
+@contextlib.contextmanager
+def _host_reads():
+    """Records each read of a float or bool tensor's value into Python (what waits for a GPU).
+    Integer tensors are left out: on a CPU they cannot be told from the host-side batches, whose
+    token ids and counts a step reads on purpose."""
+    reads: list[str] = []
+    names = ["item", "tolist", "numpy", "__float__", "__bool__", "__int__", "__index__"]
+    real = {n: getattr(torch.Tensor, n) for n in names}
+
+    def counting(name):
+        def read(t, *a, **k):
+            if t.dtype.is_floating_point or t.dtype == torch.bool:
+                reads.append(name)
+            return real[name](t, *a, **k)
+
+        return read
+
+    try:
+        for n in names:
+            setattr(torch.Tensor, n, counting(n))
+        yield reads
+    finally:
+        for n in names:
+            setattr(torch.Tensor, n, real[n])
+
+
+def test_a_fused_single_process_step_reads_nothing_on_the_host(tmp_path: Path) -> None:
+    ts = setup(_cfg(tmp_path, "train.grad_accum=2"))
+    assert sync_free_step(ts)  # the default: fused AdamW, one process, nonfinite=skip
+    with _host_reads() as reads:
+        ms = [train_step(ts) for _ in range(3)]
+    assert reads == [], reads
+    assert all(isinstance(m["loss"], torch.Tensor) for m in ms)
+    ms = [host_metrics(m) for m in ms]
+    assert all(isinstance(m["loss"], float) and m["skipped"] is False for m in ms)
+    assert ms[-1]["loss"] < ms[0]["loss"] + 1.0 and ms[-1]["grad_norm"] > 0
+
+
+def test_fit_reads_the_host_only_at_logged_steps(tmp_path: Path) -> None:
+    at: dict[int, int] = {}
+    cfg = _cfg(tmp_path, "train.log_every=3", "train.eval_every=0", "train.ckpt_every=0")
+    with _host_reads() as reads:
+        fit(
+            cfg,
+            progress=False,
+            quiet=True,
+            callbacks=[lambda ts, m: at.update({ts.step: len(reads)})],
+        )
+    assert [at[k] - at[k - 1] for k in (2, 4, 5)] == [0, 0, 0]  # the steps between logged ones
+    assert at[3] > at[2]  # a logged step reads its loss, grad norm and skipped flag
+
+
+def test_metrics_jsonl_rows_equal_the_host_read_step(tmp_path: Path) -> None:
+    # nonfinite=stop takes the host-read step (floats computed on the host, as before): the same
+    # run with the sync-free default must write the same numbers, rows only at logged steps.
+    fit(_cfg(tmp_path / "run", "train.log_every=2", "train.eval_every=0"), progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    ts = setup(_cfg(tmp_path / "ref", "train.nonfinite=stop"))
+    ref = [train_step(ts) for _ in range(6)]
+    assert [r["step"] for r in rows[:-1]] == [2, 4, 6] and "val_loss" in rows[-1]
+    for row in rows[:-1]:
+        want = ref[row["step"] - 1]
+        assert list(row)[: len(want)] == list(want)
+        assert {k: row[k] for k in want} == want
+        assert type(row["loss"]) is float and row["skipped"] is False
 
 
 def test_sigterm_writes_checkpoint_and_resume_continues_exactly(tmp_path: Path) -> None:
@@ -327,7 +407,7 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:
     one = setup(_cfg(tmp_path / "one", "train.batch_size=8"))
     acc = setup(_cfg(tmp_path / "acc", "train.batch_size=4", "train.grad_accum=2"))
     for _ in range(3):
-        a, b = train_step(one), train_step(acc)
+        a, b = host_metrics(train_step(one)), host_metrics(train_step(acc))
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     for (n, p), (_, q) in zip(one.raw_model.named_parameters(), acc.raw_model.named_parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=2e-6, msg=n)

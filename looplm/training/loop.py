@@ -6,7 +6,9 @@
 Per optimizer step: draw the loop depth T by the recipe (looplm.training.recipes; U{depth_min … depth_max}
 by default; the same T on every rank, from the run seed and the step), accumulate ``grad_accum`` micro-batches, clip
 the global gradient norm, step AdamW with a cosine schedule after linear warmup. A non-finite loss or
-gradient skips the update (or stops the run) without touching weights or optimizer state. SIGTERM,
+gradient skips the update (or stops the run) without touching weights or optimizer state; in a
+single process with fused AdamW the skip is decided on the device, so a step reads nothing on the
+host until a logged step reads its metrics (:func:`sync_free_step`). SIGTERM,
 SIGINT, ``train.max_wall_s`` or a callback (``fit(cfg, callbacks=[...])``) stop the run with a
 checkpoint written, and ``fit`` returns. Metrics go to ``<out_dir>/metrics.jsonl``.
 
@@ -256,7 +258,9 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
 # ----------------------------------------------------------------------------- one step
 # long: one optimizer step: accumulation, clipping and the non-finite rule must stay in order
 def train_step(ts: TrainState) -> dict[str, Any]:
-    """One optimizer step (with gradient accumulation). Returns its metrics."""
+    """One optimizer step (with gradient accumulation). Returns its metrics; where
+    :func:`sync_free_step`, ``loss``, ``grad_norm`` and ``skipped`` are device tensors
+    (:func:`host_metrics` reads them)."""
     cfg, tc = ts.cfg, ts.cfg.train
     model, opt = ts.model, ts.optimizer
     core = ts.raw_model or model
@@ -304,16 +308,32 @@ def train_step(ts: TrainState) -> dict[str, Any]:
     grad_norm = torch.nn.utils.clip_grad_norm_(
         [p for p in core.parameters() if p.grad is not None], tc.clip
     )
-    grad_norm = float(full_tensor(grad_norm))
-    (total,) = all_reduce_sum([float(local_sum)], ts.dist, ts.device)
-    loss_val = total / max(n_global, 1)
-    finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
-    if finite:
-        opt.step()
+    if sync_free_step(ts):
+        # Decided on the device: fused AdamW leaves weights, moments and step count untouched
+        # where ``found_inf`` is 1 (the GradScaler protocol), so nothing here waits for the device.
+        loss = local_sum.double() / max(n_global, 1)  # float64: the same value as the host's
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        opt.found_inf = bad.float()  # type: ignore[attr-defined]
+        try:
+            opt.step()
+        finally:
+            del opt.found_inf  # type: ignore[attr-defined]
+        loss_val: float | torch.Tensor = loss
+        norm: float | torch.Tensor = grad_norm
+        skipped: bool | torch.Tensor = bad
     else:
-        opt.zero_grad(set_to_none=True)  # weights and moments untouched
-        if tc.nonfinite == "stop":
-            raise LoopLMError(f"non-finite loss/gradient at step {ts.step} (train.nonfinite=stop)")
+        norm = float(full_tensor(grad_norm))
+        (total,) = all_reduce_sum([float(local_sum)], ts.dist, ts.device)
+        loss_val = total / max(n_global, 1)
+        skipped = not (math.isfinite(loss_val) and math.isfinite(norm))
+        if not skipped:
+            opt.step()
+        else:
+            opt.zero_grad(set_to_none=True)  # weights and moments untouched
+            if tc.nonfinite == "stop":
+                raise LoopLMError(
+                    f"non-finite loss/gradient at step {ts.step} (train.nonfinite=stop)"
+                )
     ts.step += 1
     n_input *= world
     return {
@@ -321,12 +341,35 @@ def train_step(ts: TrainState) -> dict[str, Any]:
         "loss": loss_val,
         "lr": lr,
         "loops": loops,
-        "grad_norm": grad_norm,
+        "grad_norm": norm,
         "tokens": n_input,
         "supervised_tokens": n_global,
         "train_flops": train_flops(cfg.model, loops, seq_len, n_input, n_global),
-        "skipped": not finite,
+        "skipped": skipped,
     }
+
+
+def sync_free_step(ts: TrainState) -> bool:
+    """Whether :func:`train_step` runs without reading the host: a single process, fused AdamW and
+    ``train.nonfinite=skip``. Then its ``loss``, ``grad_norm`` and ``skipped`` are 0-dim device
+    tensors (read them with :func:`host_metrics`). Otherwise the step reads them on the host: the
+    foreach AdamW (FSDP's DTensors) ignores ``found_inf``, a distributed loss is summed over ranks
+    on the host, and ``stop`` must raise before the next step trains on."""
+    fused = all(g.get("fused") for g in ts.optimizer.param_groups)
+    return fused and not ts.dist.enabled and ts.cfg.train.nonfinite == "skip"
+
+
+def host_metrics(m: dict[str, Any]) -> dict[str, Any]:
+    """``m`` with its tensor values (a sync-free step's loss, grad norm, skipped flag) read as
+    Python floats and bools, in one host read; the keys and their order are kept."""
+    keys = [k for k, v in m.items() if isinstance(v, torch.Tensor)]
+    if not keys:
+        return dict(m)
+    values = torch.stack([m[k].detach().double().reshape(()) for k in keys]).tolist()
+    out = dict(m)
+    for k, v in zip(keys, values):
+        out[k] = bool(v) if m[k].dtype == torch.bool else v
+    return out
 
 
 def _eval_stats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loops: int):
@@ -416,6 +459,8 @@ def _open_metrics(out: Path, resume_step: int):
 
 
 #: ``callback(ts, metrics)`` after every optimizer step (on every rank); True asks fit to stop.
+#: Outside logged steps a sync-free step's ``loss``/``grad_norm``/``skipped`` are device tensors
+#: (:func:`sync_free_step`); reading one waits for the device.
 StepCallback = Callable[[TrainState, dict[str, Any]], "bool | None"]
 
 
@@ -451,11 +496,13 @@ class _RunLog:
         self.lines = main and not bar and not quiet and progress is not False
         self.total = cfg.train.steps
 
-    def step(self, m: dict[str, Any]) -> None:
+    def step(self) -> None:
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{m['loss']:.3f}", T=m["loops"])
 
     def write(self, m: dict[str, Any], step: int) -> None:
+        """A logged step's metrics, read on the host (:func:`host_metrics`)."""
+        if "loss" in m:  # the bar shows the last logged loss: reading each step's would sync
+            self.bar.set_postfix(loss=f"{m['loss']:.3f}", T=m["loops"])
         if self.lines:
             print(progress_line(m, self.total), file=sys.stderr, flush=True)
         if self.metrics_f:
@@ -561,10 +608,11 @@ def _fit(
         tc = cfg.train
         last: dict[str, Any] = {}
         while ts.step < tc.steps:
-            m = train_step(ts)
+            m = train_step(ts)  # loss etc. may be device tensors: read only when logged
             meter.add(m)
-            log.step(m)
+            log.step()
             if ts.step % tc.log_every == 0 or ts.step == tc.steps:
+                m = host_metrics(m)
                 meter.fill(m)
                 if tc.eval_every and ts.step % tc.eval_every == 0:
                     m.update(evaluate_loss(ts, stop=flag.stopped))
@@ -575,6 +623,7 @@ def _fit(
             reason = _stop_reason(ts, flag, meter, callbacks, m)
             if reason is not None:
                 save(ts)
+                last = host_metrics(last)
                 last["stopped"] = reason
                 if reason == "signal":
                     last["signal"] = flag.signal or signal.SIGTERM
@@ -585,6 +634,7 @@ def _fit(
         save(ts)  # before the final validation, which may read a large held-out split
         flag.at_once()  # a signal from here on stops at once: the trained steps are saved
         final = evaluate_loss(ts)
+        last = host_metrics(last)
         last.update(final)
         log.write({"step": ts.step, **final}, ts.step)
         return last
