@@ -125,3 +125,45 @@ def test_the_table19_per_word_conversion_is_the_split_and_the_results_file() -> 
     assert set(rows) == set(names), rows
     for method, ppl in rows.items():
         assert f"{names[method]} {math.exp(math.log(ppl) * ratio):.1f}" in text, method
+
+
+def test_the_table19_gap_table_and_factors_are_the_committed_rows() -> None:
+    """findings.md's Table 19 gap block is benchmarks/table19_gap.py's report of
+    docs/data/table19_gap.jsonl, and every row names the model it came from."""
+    import importlib
+    import json
+    import sys
+
+    rows = [json.loads(x) for x in _read("docs/data/table19_gap.jsonl").splitlines() if x.strip()]
+    for r in rows:
+        assert {"d_model", "params", "steps", "tokenizer", "batch", "seed", "dataset"} <= set(r)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        gap = importlib.import_module("table19_gap")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    page = _read("docs/findings.md")
+    block = page.split("<!-- table19_gap:start -->\n", 1)[1].split("\n<!-- table19_gap:end -->")[0]
+    assert block == gap.report(rows)
+    assert {r["run"] for r in rows} == {
+        f"{m}_{s}" for m in ("scse", "reset") for s in ("b8", "b32", "raw_b8")
+    }
+    text = re.sub(r"\s+", " ", page)
+    by = {(r["run"], r["variant"], r["depth"]): r for r in rows}
+
+    def span(values: list[float], sign: str = "") -> str:
+        return f"{sign}{min(values):.2f}–{max(values):.2f}".replace(".00", "")
+
+    t8 = [by[(f"scse_{s}", v, 8)]["ppl"] / by[(f"reset_{s}", v, 8)]["ppl"]
+          for s in ("b8", "b32", "raw_b8") for v in ("windows128", "windows128_no_unk")
+          if (f"scse_{s}", v, 8) in by]  # fmt: skip
+    t48 = [by[(f"scse_{s}", "windows128", 48)]["ppl"] / by[(f"reset_{s}", "windows128", 48)]["ppl"]
+           for s in ("b8", "b32", "raw_b8")]  # fmt: skip
+    assert f"SCSE ÷ reset at T = 8 is {span(t8)}" in text
+    assert f"T = 48 it is {span(t48)}" in text
+    raw = [by[(f"{m}_raw_b8", "windows128", 8)]["ppl_per_word"]
+           / by[(f"{m}_b8", "windows128", 8)]["ppl_per_word"] for m in ("scse", "reset")]  # fmt: skip
+    assert f"×{min(raw):.1f}–{max(raw):.1f} the tokenised runs'" in text
+    unk = [by[(r, "windows128_no_unk", 8)]["ppl"] / by[(r, "windows128", 8)]["ppl"]
+           for r in ("scse_b8", "reset_b8", "scse_b32", "reset_b32")]  # fmt: skip
+    assert f"raises it ×{min(unk):.1f}–{max(unk):.1f}" in text
