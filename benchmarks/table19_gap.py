@@ -117,7 +117,6 @@ def _windows(tokens, context: int, stride: int):
         start += stride
 
 
-@__import__("torch").no_grad()
 def evaluate(ckpt: Path, data_dir: str, full: bool = True) -> list[dict]:
     import numpy as np
     import torch
@@ -143,6 +142,7 @@ def evaluate(ckpt: Path, data_dir: str, full: bool = True) -> list[dict]:
             is_unk[np.flatnonzero(hit) + i] = True
     L = cfg.model.context
 
+    @torch.no_grad()
     def run(stride: int, train_mode: bool, depths: list[int]) -> dict[int, tuple]:
         model.train(train_mode)
         torch.manual_seed(0)
