@@ -66,11 +66,20 @@ class RefTrainer:
     """The reference's training step: autocast forward, backward, clip, fused AdamW."""
 
     def __init__(
-        self, model, device, *, compile_mode: str, lr: float = 3e-4, fused: bool | None = None
+        self,
+        model,
+        device,
+        *,
+        compile_mode: str,
+        lr: float = 3e-4,
+        fused: bool | None = None,
+        autocast: bool | None = None,
     ) -> None:
         import torch
 
         self.model, self.device = model, device
+        # bf16 autocast: on a GPU by default; on a CPU when asked (as looplm's train.autocast=bf16)
+        self.autocast = device.type == "cuda" if autocast is None else autocast
         decay = [p for p in model.parameters() if p.dim() >= 2]
         other = [p for p in model.parameters() if p.dim() < 2]
         fused = device.type == "cuda" if fused is None else fused
@@ -91,9 +100,8 @@ class RefTrainer:
         import torch
 
         self.opt.zero_grad(set_to_none=True)
-        ac = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else None
-        if ac is not None:
-            with ac:
+        if self.autocast:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
                 loss = self.fn(x, y, loops)
         else:
             loss = self.fn(x, y, loops)

@@ -230,6 +230,9 @@ class TrainConfig:
         "auto", choices=("auto", "bf16", "off")
     )  # auto (bf16 on GPU) | bf16 | off
     compile: bool = False  # torch.compile the whole step, one graph per T (blocks if distributed)
+    cpu_allocator: str = setting(
+        "reuse", choices=("reuse", "system")
+    )  # CPU: reuse (keep freed host memory for the next step) | system (glibc's default)
     objective: str = setting(
         "final", choices=("final", "per_step")
     )  # final (silent thinking) | per_step (intermediate supervision)

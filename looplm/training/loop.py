@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from looplm.data.sources import DataSource, make_source
-from looplm.device import resolve_device
+from looplm.device import resolve_device, reuse_freed_host_memory
 from looplm.errors import LoopLMError
 from looplm.io import atomic_write_text
 from looplm.model.accounting import model_flops
@@ -217,6 +217,8 @@ def setup(cfg: RunConfig, resume: bool = False, dist: DistInfo | None = None) ->
     out = Path(cfg.out_dir)
     ckpt = out / "ckpt"
     seed_everything(cfg.train.seed)  # the same initial weights on every rank
+    if device.type == "cpu" and cfg.train.cpu_allocator == "reuse":
+        reuse_freed_host_memory()  # no page faults for each step's large temporaries
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cudnn.allow_tf32 = True
