@@ -1,9 +1,10 @@
 """Does depth matter for this checkpoint, and what does adaptive depth cost in held-out NLL?
 
-For a trained checkpoint: the held-out NLL of WikiText-2 test windows read through the cached
+For a trained checkpoint: the held-out NLL of test windows (WikiText-2's, or the test split of the
+model's own text corpus) read through the cached
 decoding path (``generation_adaptive.heldout``: a prompt prefilled, then every next true token
 decoded) at the trained depth T and at T/4 (fixed depth: the gap says whether depth matters), then
-for every halting rule the model has (kl, maxtoken = update, gate where the model has an exit gate)
+for every halting rule the model has (kl, update, gate where the model has an exit gate)
 a threshold sweep: NLL cost against fixed T and mean loops per token. The chosen threshold of a
 rule is the one with the fewest loops at a cost ≤ ``--budget`` percent (the serving benchmark's
 adaptive rows then use it).
@@ -29,7 +30,7 @@ if str(REPO) not in sys.path:
 
 SWEEP = {
     "kl": [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05],
-    "maxtoken": [0.02, 0.05, 0.1, 0.2, 0.3, 0.5],
+    "update": [0.02, 0.05, 0.1, 0.2, 0.3, 0.5],
     "gate": [0.5, 0.7, 0.9, 0.95, 0.99],
 }
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     import torch
-    from generation_adaptive import heldout, text_windows
+    from generation_adaptive import heldout, heldout_corpus, text_windows
 
     from looplm.model.checkpoint import load_checkpoint
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     base, _ = heldout(model, win, args.prompt, T, "none", 0.0)
     quarter, _ = heldout(model, win, args.prompt, max(1, T // 4), "none", 0.0)
-    rules = ["kl", "maxtoken"]
+    rules = ["kl", "update"]
     if getattr(model.recurrence, "exit_probability", None) is not None:
         rules.append("gate")
     rows, chosen = [], {}
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         machine_line(),
         "",
         f"Model d {cfg.model.d_model}, {cfg.model.recurrence}, {cfg.model.tokenizer} tokenizer, "
-        f"trained at T = {T} for {steps} steps. Held-out: {args.windows} WikiText-2 "
-        f"test windows of {args.length} tokens, {args.prompt}-token prompt prefilled at full "
+        f"trained at T ~ U{{{cfg.train.depth_min}..{cfg.train.depth_max}}} for {steps} steps, read at T = {T}. Held-out: {args.windows} "
+        f"{heldout_corpus(cfg)[1]} windows of {args.length} tokens, {args.prompt}-token prompt prefilled at full "
         f"depth, every later true token decoded through the cache ({time.time() - t0:.0f} s).",
         "",
         f"**Depth response:** NLL {base:.4f} at T = {T} against {quarter:.4f} at T/4 = "

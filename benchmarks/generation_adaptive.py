@@ -57,14 +57,26 @@ SWEEPS = {
 }
 
 
+def heldout_corpus(cfg) -> tuple[str, str]:
+    """(corpus, its name in prose) of the held-out text: the test split of the model's own text
+    corpus when it was trained on one (``text:FILE``), else WikiText-2's test split."""
+    from looplm.data.corpora import is_local_text
+
+    dataset = cfg.data.dataset
+    if is_local_text(dataset):
+        return dataset, f"`{Path(dataset.removeprefix('text:')).name}` test-split"
+    return "wikitext-2", "WikiText-2 test"
+
+
 def text_windows(cfg, data_dir: str, n: int, length: int, device: str):
-    """(n, length) token windows of the WikiText-2 test split at evenly spaced offsets."""
+    """(n, length) token windows of the held-out test split (:func:`heldout_corpus`) at evenly
+    spaced offsets."""
     import numpy as np
     import torch
 
     from looplm.data.cache import get_split_tokens
 
-    tokens = get_split_tokens("wikitext-2", "test", cfg.model.tokenizer, data_dir)
+    tokens = get_split_tokens(heldout_corpus(cfg)[0], "test", cfg.model.tokenizer, data_dir)
     starts = np.linspace(0, len(tokens) - length - 1, n).astype(np.int64)
     rows = [np.asarray(tokens[s : s + length], dtype=np.int64) for s in starts]
     return torch.tensor(np.stack(rows), device=device)

@@ -1,10 +1,14 @@
 """Loop-level against token-level continuous batching in one process: closed-loop clients
 without HTTP (each sends its next request the moment its last one ends), tokens/s, p50 / p99
-request latency and mean loops per token at fixed depth and with kl halting, alternating.
+request latency and mean loops per token at fixed depth and with one halting rule (``--rule``: kl,
+update or gate, at ``--threshold``), alternating.
 
     python benchmarks/loop_batching_bench.py --clients 1 8 32 64 --requests 64
+    python benchmarks/loop_batching_bench.py --checkpoint CKPT --rule update --threshold 0.1
 
-The tiny stand-in (random weights: speed only) unless ``--checkpoint`` is given. The serving
+The tiny stand-in (random weights: speed only, random lowercase prompts) unless ``--checkpoint``
+is given; a checkpoint's prompts are 8–64 tokens of its held-out text (WikiText-2's test split, or
+its own text corpus's: ``generation_adaptive.heldout_corpus``). The serving
 benchmark (``serve_bench.py --modes loop-level continuous``) measures the same through
 `looplm serve`; this one leaves out the server's threads and the clients' round trips.
 """
@@ -83,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=64, help="requests per measurement")
     p.add_argument("--new", type=int, default=32)
     p.add_argument("--loops", type=int, default=8)
-    p.add_argument("--threshold", type=float, default=0.0012, help="kl threshold")
+    p.add_argument("--rule", default="kl", choices=("kl", "update", "gate"), help="halting rule")
+    p.add_argument("--threshold", type=float, default=0.0012, help="the rule's threshold")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
@@ -104,11 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     g = torch.Generator().manual_seed(0)
     reqs = []
+    if args.checkpoint:  # held-out text of the model's corpus
+        from serve_bench import prompts
+
+        texts = prompts(cfg, os.environ.get("LOOPLM_DATA_DIR"), args.requests)
     for i in range(args.requests):
         L = int(torch.randint(8, 65, (1,), generator=g))
         ids = tuple(torch.randint(97, 123, (L,), generator=g).tolist())
+        ids = tuple(texts[i]) if args.checkpoint else ids
         reqs.append(Request(ids, args.new, temperature=1.0, seed=i))
-    kinds, depths = ("loop-level", "token-level"), (("fixed", "none"), ("kl", "kl"))
+    kinds = ("loop-level", "token-level")
+    depths = (("fixed", "none"), (args.rule, args.rule))
     configs = [(c, k, d) for c in args.clients for d in depths for k in kinds]
     results: dict = {x: [] for x in configs}
     load0, t_start = os.getloadavg(), time.time()
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Model d {cfg.model.d_model}, context {cfg.model.context}; T = {args.loops}; "
         f"{args.requests} requests of {args.new} sampled tokens from 8–64-token prompts per "
-        f"measurement; C closed-loop clients (no HTTP); adaptive: kl {args.threshold:g}; upper "
+        f"measurement; C closed-loop clients (no HTTP); adaptive: {args.rule} {args.threshold:g}; upper "
         f"medians (of 2: the better) of {args.rounds} alternating rounds, each column on its "
         f"own; 1 torch thread. Load average {load0[0]:.1f} "
         f"before, {load1[0]:.1f} after ({time.time() - t_start:.0f} s): the machine was shared, "
@@ -153,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     body = "\n".join(lines) + "\n"
     print(body)
     if not args.no_write:
-        update_section("loop_batching_bench" + ("" if args.checkpoint else "_tiny"), body)
+        key = "loop_batching_bench" + ("" if args.checkpoint else "_tiny")
+        update_section(key + ("" if args.rule == "kl" else f"_{args.rule}"), body)
     return 0
 
 

@@ -81,15 +81,19 @@ def start_server(
 
 
 def prompts(cfg, data_dir: str | None, n: int, seed: int = 0) -> list[list[int]]:
-    """n token-id prompts of 8–64 tokens (WikiText-2 test text if available)."""
+    """n token-id prompts of 8–64 tokens of held-out text if available (WikiText-2's test split,
+    or the model's own text corpus's: ``generation_adaptive.heldout_corpus``)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(8, 65, n)
     try:
+        from generation_adaptive import heldout_corpus
+
         from looplm.data.cache import get_split_tokens
 
-        tokens = np.asarray(get_split_tokens("wikitext-2", "test", cfg.model.tokenizer, data_dir))
+        corpus = heldout_corpus(cfg)[0]
+        tokens = np.asarray(get_split_tokens(corpus, "test", cfg.model.tokenizer, data_dir))
         starts = rng.integers(0, len(tokens) - 65, n)
         return [tokens[s : s + L].tolist() for s, L in zip(starts, lengths)]
     except Exception:  # no data: random bytes (the speed does not depend on the text)
@@ -152,7 +156,7 @@ def quality(args, model, cfg, T: int) -> str:
         return "not measured (random weights: speed only)"
     try:
         import torch
-        from generation_adaptive import heldout, text_windows
+        from generation_adaptive import heldout, heldout_corpus, text_windows
 
         win = text_windows(cfg, args.data_dir, 16, 96, "cpu")
         torch.set_num_threads(args.threads)
@@ -160,7 +164,8 @@ def quality(args, model, cfg, T: int) -> str:
         nll, depth = heldout(model, win, 32, T, args.rule, args.threshold)
         return (
             f"held-out NLL {base:.4f} (fixed T={T}) → {nll:.4f} ({100 * (nll / base - 1):+.2f}%) "
-            f"at {depth:.2f} loops/token (16 WikiText-2 test windows, 64 decoded tokens each)"
+            f"at {depth:.2f} loops/token (16 {heldout_corpus(cfg)[1]} windows, 64 decoded tokens "
+            "each)"
         )
     except Exception as exc:  # no data
         return f"not measured ({type(exc).__name__}: {exc})"
