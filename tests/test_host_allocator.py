@@ -88,3 +88,14 @@ def test_a_bad_allocator_value_names_the_choices(tmp_path: Path) -> None:
 
     with pytest.raises(LoopLMError, match="cpu_allocator.*reuse.*system"):
         _cfg(tmp_path, "train.cpu_allocator=jemalloc")
+
+
+def test_the_allocator_setting_leaves_a_run_s_identity_alone(tmp_path: Path) -> None:
+    """Stored results are found by model_hash; the allocator changes no arithmetic, so a run
+    stored before the setting existed (or with either value) keeps its hash."""
+    from looplm.evaluate.records import model_hash
+
+    reuse = _cfg(tmp_path, "train.cpu_allocator=reuse")
+    system = _cfg(tmp_path, "train.cpu_allocator=system")
+    other = _cfg(tmp_path, "train.lr=0.01")
+    assert model_hash(reuse) == model_hash(system) != model_hash(other)

@@ -38,6 +38,7 @@ _TRAIN_NON_SEMANTIC = (
     "seed",
     "device",
     "compile",
+    "cpu_allocator",  # host memory reuse: the same arithmetic
     "log_every",
     "eval_every",
     "eval_batches",
