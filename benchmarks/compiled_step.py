@@ -95,7 +95,8 @@ class Runner:
         from gpubench.reference import RefTrainer, build_reference
         from throughput import make_state
 
-        self.name = name
+        self.name = self.base = name
+        self.allocator = allocator
         self.looplm = name.startswith("looplm")
         extra = [
             f"train.depth_min={depths[0]}",
@@ -213,7 +214,7 @@ def worker(args) -> int:
 
 # long: one benchmark table: warm-up, alternating rounds, then the rows and the verdict
 def run_schedule(args, label: str, depths: tuple[int, int], rate: float) -> list[str]:
-    from throughput import make_state
+    from throughput import bench_config
 
     from looplm.training.loop import sample_depth, train_flops
 
@@ -229,12 +230,8 @@ def run_schedule(args, label: str, depths: tuple[int, int], rate: float) -> list
             Runner(n, args.preset, args.batch, args.device, depths, args.autocast, args.allocator)
             for n in names
         ]
-    cfg = make_state(
-        args.preset,
-        "scse",
-        batch=args.batch,
-        extra=[f"train.depth_min={depths[0]}", f"train.depth_max={depths[1]}"],
-    ).cfg
+    extra = [f"train.depth_min={depths[0]}", f"train.depth_max={depths[1]}"]
+    cfg = bench_config(args.preset, "scse", batch=args.batch, extra=extra)  # the depth schedule
     # a step of every T the schedule can draw (so no timed round compiles)
     first = {}
     for s in range(10_000):
@@ -287,13 +284,9 @@ def run_schedule(args, label: str, depths: tuple[int, int], rate: float) -> list
         )
 
     def find(base: str, allocator: str | None = None) -> str | None:
-        for r in runners:
-            if getattr(r, "base", r.name) == base and allocator in (None, r_alloc(r)):
-                return r.name
-        return None
-
-    def r_alloc(r) -> str:
-        return getattr(r, "allocator", args.allocator)
+        """The row of model ``base`` (with ``allocator``, when given)."""
+        hits = [r.name for r in runners if r.base == base and allocator in (None, r.allocator)]
+        return hits[0] if hits else None
 
     ours, ref = find("looplm compiled"), find("reference compiled whole")
     # the yardstick: the reference compiled whole with fused AdamW (the issue's reference) where

@@ -51,7 +51,7 @@ def random_source(vocab_size: int, context: int, seed: int = 0):
     return RandomTokens()
 
 
-def make_state(
+def bench_config(
     preset: str,
     recurrence: str,
     *,
@@ -62,10 +62,8 @@ def make_state(
     seq_len: int | None = None,
     extra: list[str] | None = None,
 ):
-    """A looplm TrainState for ``preset``/``recurrence`` at fixed depth ``loops`` on random
-    tokens (dropout 0)."""
+    """The RunConfig of :func:`make_state` (no model built)."""
     from looplm.settings.config import load_config
-    from looplm.training.loop import setup
 
     over = [
         f"model.preset={preset}",
@@ -83,7 +81,15 @@ def make_state(
     ]
     if seq_len:
         over.append(f"model.context={seq_len}")
-    cfg = load_config(None, over)
+    return load_config(None, over)
+
+
+def make_state(preset: str, recurrence: str, **kw):
+    """A looplm TrainState for ``preset``/``recurrence`` at fixed depth ``loops`` on random
+    tokens (dropout 0); keywords as :func:`bench_config`."""
+    from looplm.training.loop import setup
+
+    cfg = bench_config(preset, recurrence, **kw)
     ts = setup(cfg)
     ts.source = random_source(cfg.model.vocab_size, cfg.model.context)
     return ts
